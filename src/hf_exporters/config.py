@@ -1,0 +1,56 @@
+"""Export configurations, one per exporter; each extends the one before it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass
+class DynamoConfig:
+    """Options of :class:`~hf_exporters.DynamoExporter` (``torch.export``).
+
+    Attributes:
+        dynamic: export with symbolic shapes. With no ``dynamic_shapes``, every axis of every tensor
+            input (cache tensors included) is marked ``Dim.AUTO``; axes that end static are reported.
+        dynamic_shapes: an explicit ``dynamic_shapes`` argument for ``torch.export.export``, keyed by
+            input name; takes precedence over ``dynamic``.
+        strict: trace with TorchDynamo (``strict=True``) instead of the default non-strict Python trace.
+        prefer_deferred_runtime_asserts_over_guards: turn guards that cannot be decided at trace time
+            into runtime asserts in the graph instead of failing the export.
+    """
+
+    dynamic: bool = False
+    dynamic_shapes: dict[str, Any] | None = None
+    strict: bool = False
+    prefer_deferred_runtime_asserts_over_guards: bool = False
+
+
+@dataclasses.dataclass
+class OnnxConfig(DynamoConfig):
+    """Options of :class:`~hf_exporters.OnnxExporter` (``torch.onnx`` + onnxscript).
+
+    Attributes:
+        opset_version: ONNX opset of the default domain; None takes the newest onnxscript supports.
+        external_data: store weights next to the ``.onnx`` file (required past the 2 GB protobuf limit).
+        optimize: run the onnxscript optimizer (constant folding, dead code, function inlining). It is
+            turned off automatically for the model classes in ``ONNX_DISABLE_OPTIMIZE``.
+        output_path: when set, the ONNX model is saved there after export.
+    """
+
+    opset_version: int | None = None
+    external_data: bool = True
+    optimize: bool = True
+    output_path: str | None = None
+
+
+@dataclasses.dataclass
+class ExecutorchConfig(DynamoConfig):
+    """Options of :class:`~hf_exporters.ExecutorchExporter`.
+
+    Attributes:
+        backend: the ExecuTorch backend preparer to use: ``"xnnpack"`` (CPU float32, XNNPACK delegate),
+            ``"portable"`` (no delegate, portable kernels) or ``"cuda"`` (CUDA bfloat16, CUDA delegate).
+    """
+
+    backend: str = "xnnpack"

@@ -1,0 +1,1 @@
+"""The exporters, one module each."""

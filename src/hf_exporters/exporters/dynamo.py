@@ -1,0 +1,139 @@
+"""DynamoExporter: a transformers model to a ``torch.export.ExportedProgram``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .. import registry
+from ..config import DynamoConfig
+from ..pytree import register_model_pytrees
+from ..runtime.torch_runner import ExportedProgramRunner
+from ..shapes import StaticAxis, auto_dynamic_shapes, static_axes
+from ._common import (
+    clone_inputs,
+    cleared_model_state,
+    flat_forward_signature,
+    normalize_inputs,
+    stage,
+)
+
+logger = logging.getLogger("hf_exporters")
+
+
+class DynamoExporter:
+    """Export a model with ``torch.export`` and the project's workarounds.
+
+    ``export()`` reads as five stages, each one context that stays open for the trace:
+
+    1. Forward signature patch: ``model.forward`` takes the inputs' names explicitly.
+    2. Model patches: ``apply_patches("dynamo")``.
+    3. Pytree registration: caches and model outputs become pytree nodes.
+    4. Dynamic shapes: ``Dim.AUTO`` on every tensor axis when ``config.dynamic``.
+    5. State cleanup: attributes a forward caches on modules are cleared for the trace.
+
+    After the trace, :attr:`static_axes` lists every axis that was asked to be dynamic and ended static.
+
+    Example::
+
+        ep = DynamoExporter().export(model, tokenizer(["hi"], return_tensors="pt"), DynamoConfig(dynamic=True))
+        ep.module()(**inputs)
+    """
+
+    name = "dynamo"
+    config_class = DynamoConfig
+    #: file name of the artifact inside an output folder
+    artifact_name = "model.pt2"
+    #: default parity tolerance (max abs diff, float32) in the artifact's runtime
+    default_atol = 1e-4
+
+    def __init__(self) -> None:
+        self.static_axes: list[StaticAxis] = []
+        self.dynamic_shapes: Any = None
+        #: the ExportedProgram of the last export (the traced graph every backend starts from)
+        self.exported_program: torch.export.ExportedProgram | None = None
+
+    def save(self, program: Any, directory: str | os.PathLike[str]) -> Path:
+        """Write ``program`` as ``directory/model.pt2`` (``torch.export.save``) and return the path."""
+        path = Path(directory) / self.artifact_name
+        saved_examples = program.example_inputs
+        program.example_inputs = None  # example caches would be pickled; the artifact does not need them
+        try:
+            torch.export.save(program, str(path))
+        finally:
+            program.example_inputs = saved_examples
+        return path
+
+    def load_runner(self, path: str | os.PathLike[str]) -> Any:
+        """A callable ``run(inputs) -> output tensors in flatten order`` over the saved artifact."""
+        register_model_pytrees(None)
+        return ExportedProgramRunner(torch.export.load(str(path)))
+
+    def export(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: DynamoConfig | None = None) -> torch.export.ExportedProgram:
+        """Trace ``model`` called as ``model(**inputs)``.
+
+        Args:
+            model: a ``torch.nn.Module`` (a transformers ``PreTrainedModel``), put in eval mode.
+            inputs: forward keyword arguments: tensors of shape ``(batch, sequence, ...)``, caches, scalars.
+            config: a :class:`DynamoConfig`; defaults to a static export.
+
+        Returns:
+            the ``ExportedProgram``; its ``module()`` takes the same keyword arguments.
+
+        Raises:
+            ExportStageError: a stage or the trace failed; the message names the stage and, for a
+                trace failure, the model source line torch.export stopped on.
+        """
+        config = config or DynamoConfig()
+        inputs = normalize_inputs(inputs)
+        model.eval()
+        with registry.export_lock(), torch.no_grad(), contextlib.ExitStack() as stack:
+            # ── Stage 1: Forward signature patch ──
+            with stage(self.name, "Stage 1: Forward signature patch"):
+                stack.enter_context(flat_forward_signature(model, list(inputs)))
+
+            # ── Stage 2: Model patches ──
+            with stage(self.name, "Stage 2: Model patches"):
+                stack.enter_context(registry.apply_patches("dynamo"))
+
+            # ── Stage 3: Pytree registration ──
+            with stage(self.name, "Stage 3: Pytree registration"):
+                register_model_pytrees(model, inputs)
+
+            # ── Stage 4: Dynamic shapes ──
+            with stage(self.name, "Stage 4: Dynamic shapes"):
+                dynamic_shapes = config.dynamic_shapes
+                if dynamic_shapes is None and config.dynamic:
+                    dynamic_shapes = auto_dynamic_shapes(inputs)
+                self.dynamic_shapes = dynamic_shapes
+
+            # ── Stage 5: State cleanup ──
+            with stage(self.name, "Stage 5: State cleanup"):
+                stack.enter_context(cleared_model_state(model))
+
+            with stage(self.name, "trace (torch.export.export)"):
+                exported = torch.export.export(
+                    model,
+                    args=(),
+                    kwargs=clone_inputs(inputs),
+                    dynamic_shapes=dynamic_shapes,
+                    strict=config.strict,
+                    prefer_deferred_runtime_asserts_over_guards=config.prefer_deferred_runtime_asserts_over_guards,
+                )
+
+        self.exported_program = exported
+        self.static_axes = static_axes(exported, inputs, dynamic_shapes) if dynamic_shapes is not None else []
+        if self.static_axes:
+            logger.warning(
+                "%s: %d axis/axes asked to be dynamic ended static (the program accepts only these sizes): %s",
+                type(model).__name__,
+                len(self.static_axes),
+                ", ".join(map(str, self.static_axes)),
+            )
+        return exported

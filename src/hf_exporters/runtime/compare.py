@@ -1,0 +1,194 @@
+"""Parity between an exported artifact and eager PyTorch.
+
+Every output tensor of the artifact is compared, element by element, with the same leaf of the eager
+output (the pytree flatten of the model's output, caches included): the maximum absolute difference
+per leaf must be within ``atol``. A NaN or infinity in the artifact where eager has a finite value is a
+failure whatever the tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from ..errors import ParityError
+from ..shapes import clone_tree, tensor_leaves
+
+
+@dataclasses.dataclass
+class LeafDiff:
+    """One output leaf: its name, shape, and the max absolute difference from eager."""
+
+    name: str
+    shape: tuple[int, ...]
+    max_abs_diff: float
+    nonfinite: bool = False
+
+    def ok(self, atol: float) -> bool:
+        return not self.nonfinite and self.max_abs_diff <= atol
+
+
+@dataclasses.dataclass
+class ParityReport:
+    """Parity of one input set: every leaf, the tolerance, and the input sizes used."""
+
+    input_shapes: dict[str, list[int]]
+    leaves: list[LeafDiff]
+    atol: float
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max((d.max_abs_diff for d in self.leaves), default=0.0)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.leaves) and all(d.ok(self.atol) for d in self.leaves)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "input_shapes": self.input_shapes,
+            "atol": self.atol,
+            "max_abs_diff": self.max_abs_diff,
+            "ok": self.ok,
+            "outputs": {d.name: d.max_abs_diff for d in self.leaves},
+        }
+
+    def describe_failure(self) -> str:
+        bad = [d for d in self.leaves if not d.ok(self.atol)]
+        parts = [
+            f"{d.name}: {'NaN/inf where eager is finite' if d.nonfinite else f'max abs diff {d.max_abs_diff:.3g}'}"
+            for d in bad[:5]
+        ]
+        return f"outputs differ from eager beyond atol={self.atol:g} for inputs {self.input_shapes}: " + "; ".join(parts)
+
+
+def eager_outputs(model: torch.nn.Module, inputs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of every tensor leaf of ``model(**inputs)`` (run on a copy of the inputs)."""
+    with torch.no_grad():
+        out = model(**clone_tree(inputs))
+    return tensor_leaves(out)
+
+
+def compare_leaves(expected: Sequence[tuple[str, torch.Tensor]], actual: Sequence[Any], atol: float) -> list[LeafDiff]:
+    """Compare artifact outputs (tensors or numpy arrays, in flatten order) with eager leaves.
+
+    Raises:
+        ParityError: the artifact returned a different number of outputs or a different shape.
+    """
+    if len(expected) != len(actual):
+        raise ParityError(
+            f"the artifact returned {len(actual)} outputs where eager returns {len(expected)} "
+            f"({', '.join(n for n, _ in expected)})"
+        )
+    diffs = []
+    for (name, want), got in zip(expected, actual):
+        got_t = torch.as_tensor(got)
+        want_t = want.detach()
+        if tuple(got_t.shape) != tuple(want_t.shape):
+            raise ParityError(f"output {name}: artifact shape {tuple(got_t.shape)} != eager shape {tuple(want_t.shape)}")
+        if want_t.is_floating_point() or got_t.is_floating_point():
+            w, g = want_t.double(), got_t.double()
+            nonfinite = bool((~torch.isfinite(g) & torch.isfinite(w)).any())
+            both_same_nonfinite = (~torch.isfinite(w)) & (w == g)
+            delta = (w - g).abs().masked_fill(both_same_nonfinite, 0.0)
+            delta = delta.masked_fill(torch.isnan(delta), math.inf)
+            diff = float(delta.max()) if delta.numel() else 0.0
+        else:
+            nonfinite = False
+            diff = float((want_t.long() - got_t.long()).abs().max()) if want_t.numel() else 0.0
+        diffs.append(LeafDiff(name, tuple(want_t.shape), diff, nonfinite))
+    return diffs
+
+
+def _shapes(inputs: dict[str, Any]) -> dict[str, list[int]]:
+    return {name: list(t.shape) for name, t in tensor_leaves(inputs)}
+
+
+def check_parity(
+    model: torch.nn.Module,
+    run: Callable[[dict[str, Any]], Sequence[Any]],
+    input_sets: Sequence[dict[str, Any]],
+    atol: float,
+    raise_on_mismatch: bool = True,
+) -> list[ParityReport]:
+    """Run eager and the artifact (``run(inputs) -> outputs in flatten order``) on each input set.
+
+    Raises:
+        ParityError: an output differs beyond ``atol`` (when ``raise_on_mismatch``), or the artifact's
+            outputs do not line up with eager's.
+    """
+    reports = []
+    for inputs in input_sets:
+        expected = eager_outputs(model, inputs)
+        actual = run(clone_tree(inputs))
+        report = ParityReport(_shapes(inputs), compare_leaves(expected, actual, atol), atol)
+        reports.append(report)
+        if raise_on_mismatch and not report.ok:
+            raise ParityError(report.describe_failure())
+    return reports
+
+
+# ── A second input set of other sizes ────────────────────────────────────────
+
+
+def _resize(tensor: torch.Tensor, axis: int, size: int) -> torch.Tensor:
+    """Tile (or crop) ``tensor`` along ``axis`` to ``size``, so values stay in the original range."""
+    old = tensor.shape[axis]
+    if old == size:
+        return tensor
+    index = torch.arange(size) % max(old, 1)
+    return tensor.index_select(axis, index)
+
+
+def _as_int(bound: Any, default: int) -> int:
+    try:
+        return int(bound)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return default
+
+
+def resized_inputs(exported_program: torch.export.ExportedProgram, inputs: dict[str, Any], grow: int = 3) -> dict[str, Any] | None:
+    """The same inputs with every dynamic size of ``exported_program`` changed, or None when the
+    program has no dynamic axis.
+
+    Each free size symbol grows by ``grow`` (or shrinks by one where the range constraints forbid
+    growing); derived sizes (``s0 + s1``) follow. Tensors are tiled along resized axes, so token ids
+    and masks keep valid values.
+    """
+    import torch.utils._pytree as pytree
+
+    user = set(exported_program.graph_signature.user_inputs)
+    metas = [n.meta.get("val") for n in exported_program.graph.nodes if n.op == "placeholder" and n.name in user]
+    metas = [m for m in metas if isinstance(m, torch.Tensor)]
+    leaves, spec = pytree.tree_flatten(inputs)
+    tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    if len(metas) != len(tensor_positions):
+        return None
+
+    values: dict[sympy.Symbol, int] = {}
+    for meta, pos in zip(metas, tensor_positions):
+        for dim, actual in zip(meta.shape, leaves[pos].shape):
+            if isinstance(dim, torch.SymInt) and isinstance(dim.node.expr, sympy.Symbol):
+                values[dim.node.expr] = int(actual)
+    if not values:
+        return None
+    new_values = {}
+    for symbol, value in values.items():
+        bounds = exported_program.range_constraints.get(symbol)
+        upper = _as_int(bounds.upper, value + grow) if bounds is not None else value + grow
+        lower = _as_int(bounds.lower, 2) if bounds is not None else 2
+        candidate = value + grow if value + grow <= upper else max(lower, value - 1)
+        new_values[symbol] = candidate
+    for meta, pos in zip(metas, tensor_positions):
+        tensor = leaves[pos]
+        for axis, dim in enumerate(meta.shape):
+            if isinstance(dim, torch.SymInt):
+                size = int(dim.node.expr.subs(new_values))
+                tensor = _resize(tensor, axis, size)
+        leaves[pos] = tensor.clone()
+    return pytree.tree_unflatten(leaves, spec)

@@ -1,0 +1,3 @@
+"""Every built-in workaround, one module per (backend, stage). Importing this package registers them."""
+
+from .dynamo import model_patches as _dynamo_model_patches  # noqa: F401

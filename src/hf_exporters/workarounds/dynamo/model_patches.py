@@ -1,0 +1,3 @@
+"""DynamoExporter Stage 2: model patches (``register_patch("dynamo", ...)``)."""
+
+from __future__ import annotations
