@@ -17,14 +17,32 @@ from .registry import (
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "OnnxExporter": ("hf_exporters.exporters.onnx", "OnnxExporter"),
+    "ExecutorchExporter": ("hf_exporters.exporters.executorch", "ExecutorchExporter"),
+}
+
+
+def __getattr__(name: str):
+    # The ONNX and ExecuTorch exporters import their optional libraries; load them on first use so
+    # `import hf_exporters` works with only the base install.
+    if name in _LAZY:
+        import importlib
+
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
+    raise AttributeError(f"module 'hf_exporters' has no attribute {name!r}")
+
 __all__ = [
     "DynamoConfig",
     "DynamoExporter",
     "ExecutorchConfig",
+    "ExecutorchExporter",
     "ExportStageError",
     "HfExportersError",
     "MissingDependencyError",
     "OnnxConfig",
+    "OnnxExporter",
     "ParityError",
     "apply_fx_node_fixes",
     "apply_fx_program_fixes",
