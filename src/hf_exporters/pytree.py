@@ -190,3 +190,47 @@ def register_model_pytrees(model: Any, *values: Any) -> list[type]:
     for value in values:
         candidates += _met_types(value)
     return [cls for cls in dict.fromkeys(candidates) if register_pytree_type(cls)]
+
+
+def _caches(value: Any) -> list[Any]:
+    from transformers.cache_utils import Cache
+
+    if isinstance(value, Cache):
+        return [value]
+    if isinstance(value, dict):
+        return [c for v in value.values() for c in _caches(v)]
+    if isinstance(value, (list, tuple)):
+        return [c for v in value for c in _caches(v)]
+    return []
+
+
+def materialize_caches(model: Any, inputs: dict[str, Any]) -> int:
+    """Allocate, in place, the tensors of fixed-size cache layers in ``inputs`` that are not yet initialised.
+
+    A ``StaticCache`` allocates its ``(batch, kv_heads, max_cache_len, head_dim)`` tensors lazily, on
+    the first forward. Traced that way, the cache tensors are created inside the graph instead of being
+    inputs, and the exported program's inputs no longer match the model's. This runs one eager forward
+    on a copy of ``inputs`` to learn each layer's shapes and dtypes, then allocates the same (zeroed)
+    tensors in the caller's cache, as its first forward would. Layers without ``max_cache_len`` (a
+    ``DynamicCache`` grows by concatenation) are left alone.
+
+    Returns the number of layers allocated.
+    """
+    from .shapes import clone_tree
+
+    pending = [
+        (ci, li, layer)
+        for ci, cache in enumerate(_caches(inputs))
+        for li, layer in enumerate(getattr(cache, "layers", []))
+        if hasattr(layer, "max_cache_len") and not getattr(layer, "is_initialized", True)
+    ]
+    if not pending:
+        return 0
+    copy = clone_tree(inputs)
+    with torch.no_grad():
+        model(**copy)
+    warmed = _caches(copy)
+    for ci, li, layer in pending:
+        reference = warmed[ci].layers[li]
+        layer.lazy_initialization(reference.keys[:, :, :1], reference.values[:, :, :1])
+    return len(pending)

@@ -46,6 +46,19 @@ def auto_dynamic_shapes(value: Any) -> Any:
     return None
 
 
+def size_oblivious_sizes() -> Any:
+    """A context in which input sizes of 0 or 1 stay symbolic (``backed_size_oblivious``).
+
+    By default torch.export specialises any axis whose example size is 0 or 1, whatever
+    ``dynamic_shapes`` says: a batch-1 or one-token example then yields a program that accepts only
+    batch 1 or one token (pytorch/pytorch#150842, #152018). Size-oblivious reasoning keeps such axes
+    symbolic; an axis the model really fixes still ends static and is reported by :func:`static_axes`.
+    """
+    import torch.fx.experimental._config as fx_config
+
+    return fx_config.patch(backed_size_oblivious=True)
+
+
 def tensor_leaves(inputs: Any) -> list[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` for every tensor in ``inputs``, in the order ``torch.export`` flattens them.
 

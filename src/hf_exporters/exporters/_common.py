@@ -14,11 +14,15 @@ import torch
 from ..errors import ExportStageError, InputError
 
 # Tensor attributes some models set on a submodule inside forward (a rotary table cached for the
-# last sequence length). A trace leaves fake tensors there, which break the next eager forward.
-# Stage 5 of DynamoExporter saves them, clears them for the trace, and restores them afterwards.
+# last sequence length). A trace leaves traced tensors there, which break the next eager forward.
+# Stage 5 of DynamoExporter saves them, clears them for the trace, and afterwards restores them or
+# removes the ones the trace created.
 _STATEFUL_CACHE_ATTRS: tuple[str, ...] = (
     "cached_rotary_positional_embedding",  # wav2vec2-bert, seamless-m4t: rotary table per length
     "cached_sequence_length",  # the length that table was built for
+    "long_inv_freq",  # longrope rotary embeddings (Phi-3, Phi-MoE, ...): long-context frequencies, set lazily
+    "full_attention_long_inv_freq",  # the same, per layer type, for models with several rotary types
+    "sliding_attention_long_inv_freq",
 )
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -80,20 +84,22 @@ def flat_forward_signature(model: torch.nn.Module, names: list[str]) -> Iterator
 
 @contextlib.contextmanager
 def cleared_model_state(model: torch.nn.Module) -> Iterator[int]:
-    """Clear each ``_STATEFUL_CACHE_ATTRS`` attribute of every submodule for the trace; restore after.
+    """Clear each ``_STATEFUL_CACHE_ATTRS`` attribute of every submodule for the trace; afterwards put
+    back the saved values and delete the ones the trace created.
 
     Yields the number of attributes cleared."""
-    saved = [
-        (module, name, getattr(module, name))
-        for module in model.modules()
-        for name in _STATEFUL_CACHE_ATTRS
-        if hasattr(module, name)
-    ]
+    modules = list(model.modules())
+    saved = [(m, name, getattr(m, name)) for m in modules for name in _STATEFUL_CACHE_ATTRS if hasattr(m, name)]
     for module, name, _ in saved:
         setattr(module, name, None)
     try:
         yield len(saved)
     finally:
+        kept = {(id(m), name) for m, name, _ in saved}
+        for module in modules:
+            for name in _STATEFUL_CACHE_ATTRS:
+                if (id(module), name) not in kept and name in vars(module):
+                    delattr(module, name)
         for module, name, value in saved:
             setattr(module, name, value)
 

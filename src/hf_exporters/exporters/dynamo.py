@@ -13,9 +13,9 @@ import torch
 
 from .. import registry
 from ..config import DynamoConfig
-from ..pytree import register_model_pytrees
+from ..pytree import materialize_caches, register_model_pytrees
 from ..runtime.torch_runner import ExportedProgramRunner
-from ..shapes import StaticAxis, auto_dynamic_shapes, static_axes
+from ..shapes import StaticAxis, auto_dynamic_shapes, size_oblivious_sizes, static_axes
 from ._common import (
     clone_inputs,
     cleared_model_state,
@@ -105,6 +105,7 @@ class DynamoExporter:
             # ── Stage 3: Pytree registration ──
             with stage(self.name, "Stage 3: Pytree registration"):
                 register_model_pytrees(model, inputs)
+                materialize_caches(model, inputs)
 
             # ── Stage 4: Dynamic shapes ──
             with stage(self.name, "Stage 4: Dynamic shapes"):
@@ -112,6 +113,8 @@ class DynamoExporter:
                 if dynamic_shapes is None and config.dynamic:
                     dynamic_shapes = auto_dynamic_shapes(inputs)
                 self.dynamic_shapes = dynamic_shapes
+                if dynamic_shapes is not None:
+                    stack.enter_context(size_oblivious_sizes())
 
             # ── Stage 5: State cleanup ──
             with stage(self.name, "Stage 5: State cleanup"):

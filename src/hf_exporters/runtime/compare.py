@@ -122,8 +122,11 @@ def check_parity(
         ParityError: an output differs beyond ``atol`` (when ``raise_on_mismatch``), or the artifact's
             outputs do not line up with eager's.
     """
+    from ..pytree import materialize_caches
+
     reports = []
     for inputs in input_sets:
+        materialize_caches(model, inputs)
         expected = eager_outputs(model, inputs)
         actual = run(clone_tree(inputs))
         report = ParityReport(_shapes(inputs), compare_leaves(expected, actual, atol), atol)

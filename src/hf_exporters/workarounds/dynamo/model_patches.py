@@ -1,3 +1,99 @@
-"""DynamoExporter Stage 2: model patches (``register_patch("dynamo", ...)``)."""
+"""DynamoExporter Stage 2: model patches (``register_patch("dynamo", ...)``).
+
+These run for every backend: the ONNX and ExecuTorch exporters trace through DynamoExporter.
+"""
 
 from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...registry import register_patch
+
+
+def _export_safe_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    position_bias: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """SDPA attention with the same numbers as transformers' ``sdpa_attention_forward`` and no Python
+    branch on a sequence length.
+
+    Shapes: ``query`` (batch, heads, q_len, head_dim); ``key``/``value`` (batch, kv_heads, kv_len, head_dim);
+    ``attention_mask`` broadcastable to (batch, heads, q_len, kv_len), boolean (True = attend) or additive
+    float. Returns (batch, q_len, heads, head_dim) and no attention weights.
+
+    transformers decides ``is_causal`` with ``q_len > 1 and mask is None and causal``: with a symbolic
+    ``q_len`` that guards the length (a prefill graph then refuses one token, a decode graph refuses
+    more) or leaves a ``SymBool`` that SDPA refuses. Here causality without a mask is an explicit
+    boolean mask, with eager's semantics: one query token sees every key; several see keys up to their
+    own index (eager crops the keys to ``q_len`` there).
+    """
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    mask = attention_mask
+    if mask is None and causal:
+        q_pos = torch.arange(q_len, device=query.device)
+        k_pos = torch.arange(kv_len, device=query.device)
+        single_token = q_pos[-1:] == 0  # (1,), True when q_len == 1, without a guard on q_len
+        mask = ((k_pos[None, :] <= q_pos[:, None]) | single_token)[None, None]
+    if position_bias is not None:
+        if mask is None:
+            mask = position_bias
+        elif mask.dtype == torch.bool:
+            mask = torch.where(mask, position_bias, torch.finfo(key.dtype).min)
+        else:
+            mask = position_bias + mask
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=False
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+@register_patch("dynamo", "transformers.modeling_utils.AttentionInterface._global_mapping")
+def _patch_sdpa_attention(original: dict[str, Any]) -> dict[str, Any]:
+    """Route ``attn_implementation="sdpa"`` through :func:`_export_safe_sdpa` while tracing.
+
+    Pattern: ``is_causal = q_length > 1 and attention_mask is None and is_causal`` in transformers'
+    SDPA integration. With a symbolic query length this adds the guard ``q_len > 1`` (a prefill export
+    refuses a one-token input, H7) or returns a ``SymBool`` that ``scaled_dot_product_attention``
+    rejects (``argument 'is_causal' must be bool, not SymBool``, decode with a filled cache, H3).
+    Known to hit: every model using the ``sdpa`` attention interface (BERT, Llama, Mistral, Qwen, ...).
+    Upstream: transformers integrations/sdpa_attention.py TODO pointing at huggingface/transformers#46196
+    (the condition is to be handled on the exporter side); pytorch/pytorch#150842 (0/1 specialisation).
+    Remove when: transformers computes ``is_causal`` without a Python ``and`` on the query length.
+    """
+    return {**original, "sdpa": _export_safe_sdpa}
+
+
+@register_patch(
+    "dynamo",
+    "transformers.cache_utils.Cache.is_compileable",
+    "transformers.cache_utils.EncoderDecoderCache.is_compileable",
+)
+def _patch_cache_is_compileable(_original: Any) -> property:
+    """Report caches as not compileable while tracing, so the mask builders do not test ``q_length == 1``.
+
+    Pattern: ``allow_is_causal_skip and not (cache.is_compileable and q_length == 1)`` in
+    ``transformers.masking_utils`` (causal, sliding and chunked mask builders). With a ``StaticCache``
+    (compileable) and a symbolic query length, the comparison guards the length, so a graph exported
+    with one token refuses four (H15). Under ``torch.export`` the mask is never skipped anyway
+    (``_ignore_causal_mask_sdpa`` returns False while exporting), so the answer changes nothing else.
+    Known to hit: every decoder given a ``StaticCache`` or ``HybridCache`` (Llama, Gemma, Qwen, ...).
+    Upstream: pytorch/pytorch#152465 (StaticCache with dynamic shapes); the check lives in
+    transformers masking_utils.create_causal_mask.
+    Remove when: transformers skips the ``q_length == 1`` test while exporting.
+    """
+    return property(lambda self: False)
