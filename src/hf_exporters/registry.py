@@ -100,11 +100,18 @@ class Workaround:
 
 
 def _doc_field(func: Callable[..., Any], field: str) -> str | None:
-    doc = inspect.getdoc(func) or ""
-    match = re.search(rf"^{field}:\s*(.+(?:\n(?!\S+:)\s*\S.*)*)", doc, flags=re.MULTILINE)
-    if not match:
-        return None
-    return " ".join(match.group(1).split())
+    """The text after ``field:`` in ``func``'s docstring, with its continuation lines (up to a blank
+    line or the next ``Name:`` line)."""
+    lines = (inspect.getdoc(func) or "").splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(f"{field}:"):
+            parts = [line[len(field) + 1 :].strip()]
+            for more in lines[i + 1 :]:
+                if not more.strip() or re.match(r"^[A-Z][A-Za-z ]{0,20}:\s", more):
+                    break
+                parts.append(more.strip())
+            return " ".join(p for p in parts if p) or None
+    return None
 
 
 def stage_of(kind: str, backend: str, target: str) -> str:

@@ -159,8 +159,9 @@ def resized_inputs(exported_program: torch.export.ExportedProgram, inputs: dict[
     """The same inputs with every dynamic size of ``exported_program`` changed, or None when the
     program has no dynamic axis.
 
-    Each free size symbol grows by ``grow`` (or shrinks by one where the range constraints forbid
-    growing); derived sizes (``s0 + s1``) follow. Tensors are tiled along resized axes, so token ids
+    Each free size symbol whose example size is 2 or more grows by ``grow`` (or shrinks by one where
+    the range constraints forbid growing); sizes 0 and 1 stay, so a decode step stays one token and
+    a mask that is one longer than the cache stays so; derived sizes (``s0 + s1``) follow. Tensors are tiled along resized axes, so token ids
     and masks keep valid values.
     """
     import torch.utils._pytree as pytree
@@ -178,10 +179,13 @@ def resized_inputs(exported_program: torch.export.ExportedProgram, inputs: dict[
         for dim, actual in zip(meta.shape, leaves[pos].shape):
             if isinstance(dim, torch.SymInt) and isinstance(dim.node.expr, sympy.Symbol):
                 values[dim.node.expr] = int(actual)
-    if not values:
+    if not any(v >= 2 for v in values.values()):
         return None
     new_values = {}
     for symbol, value in values.items():
+        if value < 2:  # a batch of one or a one-token decode step keeps its size: other sizes follow from it
+            new_values[symbol] = value
+            continue
         bounds = exported_program.range_constraints.get(symbol)
         upper = _as_int(bounds.upper, value + grow) if bounds is not None else value + grow
         lower = _as_int(bounds.lower, 2) if bounds is not None else 2

