@@ -40,10 +40,11 @@ def export(
 ) -> None:
     """Export a checkpoint with one backend, check it against eager PyTorch, and write the folder."""
     from .errors import HfExportersError
-    from .pipeline import build_inputs, default_model_path, export_to_folder, load_checkpoint
+    from .pipeline import build_inputs, default_model_path, export_to_folder, load_checkpoint, make_exporter
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
+        make_exporter(backend)  # an unknown backend or a missing extra fails before the model loads
         path = Path(model) if model else default_model_path()
         loaded, preprocessor, task_name = load_checkpoint(path, task)
         inputs = build_inputs(loaded, preprocessor)

@@ -98,6 +98,7 @@ def load_checkpoint(model: str | os.PathLike[str], task: str | None = None) -> t
     """
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()
     path = Path(model)
     if not path.exists():
         raise InputError(

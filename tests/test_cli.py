@@ -1,0 +1,183 @@
+"""The CLI's export job and its error contract: one clear line, non-zero exit, nothing half-written."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+from typer.testing import CliRunner
+
+from hf_exporters.cli import app
+from hf_exporters.pipeline import default_model_path
+
+runner = CliRunner()
+
+
+def _run(*args):
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    config = transformers.BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+    transformers.BertModel(config).save_pretrained(folder)
+    return folder
+
+
+def test_export_embedded_minilm_dynamic(tmp_path):
+    out = tmp_path / "minilm"
+    code, output = _run("export", "--backend", "dynamo", "--output", str(out), "--dynamic")
+    assert code == 0, output
+    assert "exported BertModel (feature-extraction) with dynamo" in output
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "export.json", "model.pt2", "tokenizer.json", "tokenizer_config.json"]
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["backend"] == "dynamo" and manifest["schema_version"] == 1
+    assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "token_type_ids", "attention_mask"]
+    assert [o["name"] for o in manifest["outputs"]] == ["last_hidden_state", "pooler_output"]
+    assert manifest["dynamic_axes"] == {"input_ids": [0, 1], "token_type_ids": [0, 1], "attention_mask": [0, 1]}
+    assert manifest["static_axes"] == []
+    assert len(manifest["parity"]) == 2  # the export inputs and a second set of other sizes
+    first, second = manifest["parity"]
+    assert second["input_shapes"]["input_ids"] != first["input_shapes"]["input_ids"]
+    assert all(p["max_abs_diff"] <= 1e-4 and p["ok"] for p in manifest["parity"])
+    # the saved program reloads and runs on its own
+    program = torch.export.load(str(out / "model.pt2"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    hidden = program.module()(**dict(tokenizer(["one", "two words"], padding=True, return_tensors="pt")))
+    assert hidden.last_hidden_state.shape[:2] == (2, 4)
+
+
+def test_export_from_config_without_tokenizer(tiny_bert, tmp_path):
+    out = tmp_path / "bert"
+    code, output = _run("export", "-m", str(tiny_bert), "-o", str(out))
+    assert code == 0, output
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["inputs"][0] == {"name": "input_ids", "shape": [2, 8], "dtype": "int64"}
+    assert manifest["dynamic"] is False and len(manifest["parity"]) == 1
+
+
+def test_missing_model_folder(tmp_path):
+    code, output = _run("export", "-m", str(tmp_path / "nope"), "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert output.strip() == (
+        f"error: model folder not found: {tmp_path / 'nope'} "
+        "(pass a local folder written by save_pretrained; there is no model hub access)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_not_a_checkpoint(tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, output = _run("export", "-m", str(tmp_path / "empty"), "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert output.strip() == f"error: not a transformers checkpoint: {tmp_path / 'empty'} has no config.json"
+
+
+def test_unknown_backend(tiny_bert, tmp_path):
+    code, output = _run("export", "-m", str(tiny_bert), "-b", "tflite", "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert output.strip() == "error: unknown backend 'tflite'; choose one of: dynamo, onnx, executorch"
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_task(tiny_bert, tmp_path):
+    code, output = _run("export", "-m", str(tiny_bert), "--task", "dance", "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert output.startswith("error: unknown task 'dance'; choose one of: feature-extraction, text-generation")
+
+
+def test_refuses_non_empty_output(tiny_bert, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    code, output = _run("export", "-m", str(tiny_bert), "-o", str(out))
+    assert code == 1
+    assert output.strip() == f"error: output folder {out} exists and is not empty (pass --overwrite to replace it)"
+    assert (out / "keep.txt").read_text() == "x"
+
+
+def test_trace_failure_names_stage_and_source_line(tmp_path):
+    """A checkpoint whose forward branches on data: the trace fails, the message blames the model line."""
+    folder = tmp_path / "ckpt"
+    code_dir = tmp_path / "code"
+    code_dir.mkdir()
+    (code_dir / "branchy_model.py").write_text(
+        "import torch, transformers\n"
+        "class BranchyConfig(transformers.PretrainedConfig):\n"
+        "    model_type = 'branchy'\n"
+        "    def __init__(self, vocab_size=16, **kw):\n"
+        "        super().__init__(**kw); self.vocab_size = vocab_size\n"
+        "class BranchyModel(transformers.PreTrainedModel):\n"
+        "    config_class = BranchyConfig\n"
+        "    def __init__(self, config):\n"
+        "        super().__init__(config); self.emb = torch.nn.Embedding(16, 4); self.post_init()\n"
+        "    def forward(self, input_ids, attention_mask=None):\n"
+        "        h = self.emb(input_ids)\n"
+        "        if h.sum() > 0:\n"
+        "            return h * 2\n"
+        "        return h\n"
+    )
+    script = (
+        f"import sys; sys.path.insert(0, {str(code_dir)!r})\n"
+        "import transformers, branchy_model as b\n"
+        "transformers.AutoConfig.register('branchy', b.BranchyConfig)\n"
+        "transformers.AutoModel.register(b.BranchyConfig, b.BranchyModel)\n"
+        f"b.BranchyModel(b.BranchyConfig(architectures=['BranchyModel'])).save_pretrained({str(folder)!r})\n"
+        "import transformers as t; setattr(t, 'BranchyModel', b.BranchyModel)\n"
+        "from hf_exporters.cli import app\n"
+        f"sys.argv = ['hf-exporters', 'export', '-m', {str(folder)!r}, '-o', {str(tmp_path / 'out')!r}]\n"
+        "app()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:") or "blamed source line" in ln]
+    assert lines[0].startswith("error: [dynamo] trace (torch.export.export) failed: ")
+    assert "data-dependent" in lines[0].lower() or "guard" in lines[0].lower()
+    assert lines[1] == f"  blamed source line: {code_dir / 'branchy_model.py'}:12 (forward: if h.sum() > 0:)"
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_missing_optional_dependency_names_the_extra(tiny_bert, tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name.split(".")[0] == "onnxscript":
+            raise ModuleNotFoundError(f"No module named '{name}'", name=name)
+        return real_import(name, *args, **kwargs)
+
+    for mod in [m for m in sys.modules if m.startswith(("onnxscript", "hf_exporters.exporters.onnx"))]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    code, output = _run("export", "-m", str(tiny_bert), "-b", "onnx", "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert "needs the package 'onnxscript', which is not installed. Install it with: pip install 'hf-exporters[onnx]'" in output
+    assert not (tmp_path / "out").exists()
+
+
+def test_patches_lists_stage_and_upstream():
+    code, output = _run("patches", "--backend", "dynamo", "--json")
+    assert code == 0
+    rows = json.loads(output)
+    sdpa = next(r for r in rows if r["name"] == "_patch_sdpa_attention")
+    assert sdpa["stage"] == "Stage 2: Model patches"
+    assert sdpa["target"] == "transformers.modeling_utils.AttentionInterface._global_mapping"
+    assert "huggingface/transformers#46196" in sdpa["upstream"]
+    assert all(r["backend"] == "dynamo" for r in rows)
+
+
+def test_patches_unknown_backend():
+    code, output = _run("patches", "--backend", "tvm")
+    assert code == 1
+    assert output.strip() == "error: unknown backend 'tvm'; choose one of: dynamo, executorch, onnx"
+
+
+def test_default_model_is_the_embedded_minilm():
+    path = default_model_path()
+    assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
