@@ -83,6 +83,61 @@ def h8_gpt2():
     return tf.GPT2Model(cfg).eval(), [_text(1, 4)], True
 
 
+def h11_qwen2_vl():
+    """H11: vision rotary positions computed with .item() over the image grid sizes."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    image_token = 64 - 1
+    config = Qwen2VLConfig(
+        text_config={
+            "vocab_size": 64,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 128,
+            "rope_parameters": {"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0},
+        },
+        vision_config={
+            "depth": 2,
+            "embed_dim": 32,
+            "hidden_size": 32,
+            "num_heads": 4,
+            "mlp_ratio": 2,
+            "patch_size": 4,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+        },
+        image_token_id=image_token,
+        video_token_id=64 - 2,
+        vision_start_token_id=64 - 3,
+        vision_end_token_id=64 - 4,
+    )
+    torch.manual_seed(0)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    # trigger: one image; a 4x4 patch grid merged 2x2 gives 4 image tokens
+    grid = torch.tensor([[1, 4, 4]])
+    patches = int(grid.prod())
+    pixel_values = torch.randn(patches, 3 * 2 * 4 * 4, generator=torch.Generator().manual_seed(0))
+    ids = torch.cat(
+        [
+            torch.tensor([[5, 6, 64 - 3]]),
+            torch.full((1, patches // 4), image_token),
+            torch.tensor([[64 - 4, 7, 8]]),
+        ],
+        dim=1,
+    )
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "pixel_values": pixel_values,
+        "image_grid_thw": grid,
+    }
+    return model, [inputs], False
+
+
 def h12_phi_vmap_mask():
     """H12: the causal mask of the masking utilities (default attention implementation)."""
     cfg = tf.PhiConfig(**TINY)
@@ -119,7 +174,16 @@ CASES = {
     "H6": h6_swin,
     "H7": h7_bert_dynamic,
     "H8": h8_gpt2,
+    "H11": h11_qwen2_vl,
     "H12": h12_phi_vmap_mask,
     "H14": h14_efficientnet,
     "H15": h15_llama_static_cache,
 }
+
+
+def unexpected_static(static_axes, case: str | None = None) -> list:
+    """Static axes other than those the model fixes by design: a cache tensor's head and head-size
+    axes (1 and 3 of (batch, kv_heads, sequence, head_dim)), and its length for a fixed-size
+    StaticCache (H15). Batch and sequence axes must stay dynamic."""
+    fixed = (1, 2, 3) if case == "H15" else (1, 3)
+    return [a for a in static_axes if not (a.input.startswith("past_key_values") and a.axis in fixed)]

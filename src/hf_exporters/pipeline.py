@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .errors import ExportStageError, HfExportersError, InputError
-from .shapes import tensor_leaves
+from .shapes import is_symbolic, tensor_leaves
 
 MANIFEST_NAME = "export.json"
 MANIFEST_SCHEMA_VERSION = 1
@@ -189,7 +189,7 @@ def dynamic_axes(exported_program: torch.export.ExportedProgram, inputs: dict[st
     ]
     axes = {}
     for (name, _), meta in zip(tensor_leaves(inputs), metas):
-        dims = [i for i, d in enumerate(meta.shape) if isinstance(d, torch.SymInt)]
+        dims = [i for i, d in enumerate(meta.shape) if is_symbolic(d)]
         if dims:
             axes[name] = dims
     return axes

@@ -392,7 +392,10 @@ def onnx_translation_table() -> dict[Any, Callable[..., Any] | list[Callable[...
     for workaround in _select("onnx_translation", "onnx"):
         namespace, _, rest = workaround.target.partition("::")
         name, _, overload = rest.partition(".")
-        op = getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
+        try:
+            op = getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
+        except (AttributeError, RuntimeError):
+            continue  # the op's library is not loaded, so no traced node can use it
         table.setdefault(op, []).append(workaround.func)
     return {op: funcs[0] if len(funcs) == 1 else funcs for op, funcs in table.items()}
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["StaticAxis", "auto_dynamic_shapes", "clone_tree", "static_axes", "tensor_leaves"]
+__all__ = ["StaticAxis", "auto_dynamic_shapes", "clone_tree", "is_symbolic", "static_axes", "tensor_leaves"]
 
 
 def clone_tree(value: Any) -> Any:
@@ -85,6 +85,12 @@ class StaticAxis:
         return f"{self.input}[axis {self.axis}] = {self.size}"
 
 
+def is_symbolic(dim: Any) -> bool:
+    """Whether a traced size is symbolic (a SymInt with free symbols; a SymInt the trace pinned to a
+    number counts as static)."""
+    return isinstance(dim, torch.SymInt) and bool(dim.node.expr.free_symbols)
+
+
 def _requested(value: Any, spec: Any) -> list[set[int]]:
     """Per tensor leaf of ``value`` (flatten order), the axes ``spec`` marks dynamic."""
     if isinstance(value, torch.Tensor):
@@ -120,6 +126,6 @@ def static_axes(exported_program: torch.export.ExportedProgram, inputs: dict[str
     for (name, _), axes, node in zip(names_and_tensors, requested, tensor_placeholders):
         shape = node.meta["val"].shape
         for axis in sorted(axes):
-            if axis < len(shape) and not isinstance(shape[axis], torch.SymInt):
+            if axis < len(shape) and not is_symbolic(shape[axis]):
                 found.append(StaticAxis(name, axis, int(shape[axis])))
     return found

@@ -17,7 +17,7 @@ import sympy
 import torch
 
 from ..errors import ParityError
-from ..shapes import clone_tree, tensor_leaves
+from ..shapes import clone_tree, is_symbolic, tensor_leaves
 
 
 @dataclasses.dataclass
@@ -194,7 +194,7 @@ def resized_inputs(exported_program: torch.export.ExportedProgram, inputs: dict[
     for meta, pos in zip(metas, tensor_positions):
         tensor = leaves[pos]
         for axis, dim in enumerate(meta.shape):
-            if isinstance(dim, torch.SymInt):
+            if is_symbolic(dim):
                 size = int(dim.node.expr.subs(new_values))
                 tensor = _resize(tensor, axis, size)
         leaves[pos] = tensor.clone()

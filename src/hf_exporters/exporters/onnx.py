@@ -1,0 +1,253 @@
+"""OnnxExporter: a transformers model to a ``torch.onnx.ONNXProgram`` (torch.export + onnxscript)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import registry
+from ..config import OnnxConfig
+from ..deps import require
+from ..errors import ExportStageError
+from ..known_issues import ONNX_DISABLE_OPTIMIZE
+from ..pytree import register_model_pytrees
+from ._common import blamed_line, first_line, normalize_inputs, stage
+from .dynamo import DynamoExporter
+
+logger = logging.getLogger("hf_exporters")
+
+#: torch versions the Stage 2 hook (a torch.onnx internal) was written against
+SUPPORTED_TORCH_FOR_ONNX_PATCHES = ("2.13",)
+#: the torch.onnx internal Stage 2 wraps: it runs ``ExportedProgram.run_decompositions``
+DECOMPOSITION_HOOK = "torch.onnx._internal.exporter._fx_passes.decompose_with_registry"
+
+
+def _require_onnx_stack() -> None:
+    for module in ("onnx", "onnxscript", "onnx_ir", "onnxruntime"):
+        require(module, "The ONNX exporter")
+
+
+def newest_opset() -> int:
+    """The newest default-domain opset both onnxscript's version converter and ``onnx`` support."""
+    import onnx
+    from onnxscript.version_converter import _version_converter
+
+    return min(_version_converter.SUPPORTED_MAX_ONNX_OPSET, onnx.defs.onnx_opset_version())
+
+
+def _is_onnx_internal(path: str) -> bool:
+    return path.startswith("torch.onnx.")
+
+
+def _check_onnx_internals() -> None:
+    """Fail loudly when the torch.onnx internals the Stage 2 patches hook are not the ones they were written for.
+
+    Raises:
+        RuntimeError: torch is not a supported version, or a hooked attribute is missing.
+    """
+    if not torch.__version__.startswith(SUPPORTED_TORCH_FOR_ONNX_PATCHES):
+        raise RuntimeError(
+            f"the ONNX patches hook torch.onnx internals written for torch {', '.join(SUPPORTED_TORCH_FOR_ONNX_PATCHES)}.x; "
+            f"torch {torch.__version__} is installed"
+        )
+    for workaround in registry.list_workarounds("onnx"):
+        if workaround.kind != "patch" or not _is_onnx_internal(workaround.target):
+            continue
+        owner_path, _, attribute = workaround.target.rpartition(".")
+        try:
+            owner = registry.resolve_dotted_path(owner_path)
+        except (ImportError, AttributeError) as error:
+            raise RuntimeError(f"torch.onnx internal {owner_path!r} has moved ({error}); {workaround.name} cannot hook it") from error
+        if not hasattr(owner, attribute):
+            raise RuntimeError(
+                f"torch.onnx internal {workaround.target!r} has moved (no attribute {attribute!r}); "
+                f"{workaround.name} cannot hook it"
+            )
+
+
+class OnnxExporter(DynamoExporter):
+    """Export a model to ONNX: the DynamoExporter trace, then ``torch.onnx.export`` with the project's workarounds.
+
+    ``export()`` reads as five stages around ``torch.onnx.export``:
+
+    1. Torch patches: ``apply_patches("onnx")`` on torch ops, active for the trace and the lowering.
+    2. ONNX patches: ``apply_patches("onnx")`` on torch.onnx internals; re-runs the FX node fixes
+       right after ``run_decompositions``.
+    3. FX node fixes: ``apply_fx_node_fixes("onnx", ...)`` on the traced graph.
+    4. ONNX translations: the custom translation table (aten op -> onnxscript function).
+    5. ONNX IR fixes: rewrites of the finished model, main graph and every function.
+
+    Example::
+
+        program = OnnxExporter().export(model, inputs, OnnxConfig(dynamic=True))
+        program.save("model.onnx")
+    """
+
+    name = "onnx"
+    config_class = OnnxConfig
+    artifact_name = "model.onnx"
+    default_atol = 1e-3
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config: OnnxConfig | None = None
+        #: whether the onnxscript optimizer ran in the last export
+        self.optimized: bool = False
+        #: nodes rewritten by the FX node fixes (traced graph + decomposed graph) and the IR fixes
+        self.fx_fixes_applied: int = 0
+        self.ir_fixes_applied: int = 0
+
+    # ── Export ────────────────────────────────────────────────────────────────
+
+    def export(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: OnnxConfig | None = None) -> Any:
+        """Export ``model`` called as ``model(**inputs)`` to ONNX.
+
+        Returns:
+            the ``torch.onnx.ONNXProgram``; ``.save(path)`` writes it, ``.model`` is its ``onnx_ir`` model.
+
+        Raises:
+            MissingDependencyError: onnx, onnxscript, onnx-ir or onnxruntime is not installed.
+            ExportStageError: a stage, the trace or the lowering failed.
+        """
+        _require_onnx_stack()
+        config = config or OnnxConfig()
+        self.config = config
+        inputs = normalize_inputs(inputs)
+        model_class = type(model).__name__
+        optimize = config.optimize
+        if optimize and model_class in ONNX_DISABLE_OPTIMIZE:
+            optimize = False
+            logger.warning("%s: onnxscript optimizer turned off: %s", model_class, ONNX_DISABLE_OPTIMIZE[model_class])
+        self.optimized = optimize
+        opset = config.opset_version if config.opset_version is not None else newest_opset()
+
+        with registry.export_lock(), contextlib.ExitStack() as stack:
+            # ── Stage 1: Torch patches ──
+            with stage(self.name, "Stage 1: Torch patches"):
+                stack.enter_context(registry.apply_patches("onnx", select=lambda path: not _is_onnx_internal(path)))
+            exported = super().export(model, inputs, config)
+
+            # ── Stage 2: ONNX patches ──
+            with stage(self.name, "Stage 2: ONNX patches"):
+                _check_onnx_internals()
+                stack.enter_context(registry.apply_patches("onnx", select=_is_onnx_internal))
+
+            # ── Stage 3: FX node fixes ──
+            with stage(self.name, "Stage 3: FX node fixes"):
+                self.fx_fixes_applied = registry.apply_fx_node_fixes("onnx", exported.graph_module)
+
+            # ── Stage 4: ONNX translations ──
+            with stage(self.name, "Stage 4: ONNX translations"):
+                _load_custom_op_namespaces()
+                table = registry.onnx_translation_table()
+                for op, funcs in table.items():
+                    if isinstance(funcs, list):  # torch.onnx takes one function per op
+                        raise TypeError(f"more than one ONNX translation registered for {op}: {[f.__name__ for f in funcs]}")
+
+            with stage(self.name, LOWERING), _counting_decomposition_fixes(self):
+                try:
+                    program = torch.onnx.export(
+                        exported,
+                        (),
+                        kwargs=None,
+                        dynamo=True,
+                        opset_version=opset,
+                        custom_translation_table=table,
+                        optimize=optimize,
+                        external_data=config.external_data,
+                        verbose=False,
+                    )
+                except Exception as error:  # noqa: BLE001 - reported with the error torch.onnx wraps
+                    raise _lowering_error(self.name, error) from error
+
+        # ── Stage 5: ONNX IR fixes ──
+        with stage(self.name, "Stage 5: ONNX IR fixes"):
+            self.ir_fixes_applied = apply_onnx_ir_fixes(program.model)
+
+        if config.output_path:
+            with stage(self.name, "save"):
+                program.save(str(config.output_path), external_data=config.external_data)
+        return program
+
+    # ── Save and run ──────────────────────────────────────────────────────────
+
+    def save(self, program: Any, directory: str | os.PathLike[str]) -> Path:
+        """Write ``program`` as ``directory/model.onnx`` (weights in ``model.onnx.data`` when
+        ``config.external_data``) and return the path."""
+        path = Path(directory) / self.artifact_name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        external = self.config.external_data if self.config is not None else True
+        program.save(str(path), external_data=external)
+        return path
+
+    def load_runner(self, path: str | os.PathLike[str]) -> Any:
+        """A callable ``run(inputs) -> output arrays in flatten order`` over the saved ``.onnx`` in onnxruntime (CPU)."""
+        from ..runtime.ort_runner import OrtRunner
+
+        register_model_pytrees(None)
+        return OrtRunner(path)
+
+
+# ── Stage helpers ─────────────────────────────────────────────────────────────
+
+LOWERING = "lowering (torch.onnx.export)"
+
+#: modules that define custom torch ops some ONNX translation is registered for
+_CUSTOM_OP_MODULES = ("transformers.integrations.moe",)  # torch.ops.transformers.grouped_mm_fallback
+
+
+def _load_custom_op_namespaces() -> None:
+    """Import the modules defining the custom ops the translation table names, so they resolve."""
+    import importlib
+
+    for module in _CUSTOM_OP_MODULES:
+        importlib.import_module(module)
+
+
+def _lowering_error(exporter: str, error: BaseException) -> ExportStageError:
+    """An ExportStageError for a torch.onnx failure, worded from the error torch.onnx wrapped (its
+    ConversionError's first line is a generic "Failed to decompose/translate ..." banner)."""
+    cause: BaseException = error
+    while type(cause).__module__.startswith("torch.onnx") and cause.__cause__ is not None:
+        cause = cause.__cause__
+    return ExportStageError(exporter, LOWERING, first_line(cause), blamed_line(cause))
+
+_DECOMPOSITION_FIX_COUNTER: list[OnnxExporter] = []
+
+
+@contextlib.contextmanager
+def _counting_decomposition_fixes(exporter: OnnxExporter) -> Iterator[None]:
+    """Let the Stage 2 hook add the nodes it fixes to ``exporter.fx_fixes_applied``."""
+    _DECOMPOSITION_FIX_COUNTER.append(exporter)
+    try:
+        yield
+    finally:
+        _DECOMPOSITION_FIX_COUNTER.remove(exporter)
+
+
+def record_decomposition_fixes(count: int) -> None:
+    """Called by the Stage 2 hook with the number of nodes the FX node fixes consumed after decomposition."""
+    if _DECOMPOSITION_FIX_COUNTER:
+        _DECOMPOSITION_FIX_COUNTER[-1].fx_fixes_applied += count
+
+
+def apply_onnx_ir_fixes(model: Any) -> int:
+    """Run every registered ONNX IR fix on the main graph and every function of ``model`` (an ``onnx_ir.Model``).
+
+    Returns the number of nodes changed."""
+    changed = 0
+    for fix in registry.onnx_ir_fixes():
+        changed += fix(model.graph)
+        for function in model.functions.values():
+            changed += fix(function)
+    return changed
+
+
+__all__ = ["OnnxExporter", "apply_onnx_ir_fixes", "newest_opset"]
+

@@ -1,0 +1,60 @@
+"""Run a saved ``.onnx`` model in onnxruntime (CPU) with the inputs of a transformers forward."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..deps import require
+from ..shapes import tensor_leaves
+
+
+class OrtRunner:
+    """``run(inputs) -> [np.ndarray]``: the model's outputs in graph order (the pytree flatten order of
+    the eager output, caches included).
+
+    The input mapping is flattened in ``torch.export`` order (:func:`hf_exporters.shapes.tensor_leaves`;
+    caches are flattened once their types are registered as pytree nodes) and fed to the session's
+    inputs by position, matched by name. Inputs the graph does not take (a ``None``, a Python scalar
+    folded into the graph) are not fed.
+
+    Raises:
+        MissingDependencyError: onnxruntime is not installed.
+        ValueError: the inputs do not provide a tensor for every graph input.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], providers: list[str] | None = None):
+        ort = require("onnxruntime", "Running an ONNX model")
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        self.path = str(path)
+        self.session = ort.InferenceSession(self.path, options, providers=providers or ["CPUExecutionProvider"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def feeds(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+        """``{graph input name: array}`` for ``inputs``."""
+        leaves = tensor_leaves(inputs)
+        if len(leaves) != len(self.input_names):
+            by_name = dict(leaves)
+            missing = [n for n in self.input_names if n not in by_name]
+            if missing:
+                raise ValueError(
+                    f"the ONNX model takes {len(self.input_names)} inputs ({', '.join(self.input_names)}) "
+                    f"but the inputs flatten to {len(leaves)} tensors ({', '.join(n for n, _ in leaves)})"
+                )
+            return {n: _to_numpy(by_name[n]) for n in self.input_names}
+        return {name: _to_numpy(tensor) for name, (_, tensor) in zip(self.input_names, leaves)}
+
+    def __call__(self, inputs: dict[str, Any]) -> list[np.ndarray]:
+        return self.session.run(self.output_names, self.feeds(inputs))
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.float().numpy()
+    return tensor.contiguous().numpy()

@@ -1,0 +1,37 @@
+"""OnnxExporter Stage 2: ONNX patches (``register_patch("onnx", "torch.onnx._internal....")``).
+
+These hook torch.onnx internals; the exporter checks before applying them that torch is a version
+they were written for and that every hooked attribute still exists, and fails with
+``Stage 2: ONNX patches`` otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ... import registry
+
+
+@registry.register_patch("onnx", "torch.onnx._internal.exporter._fx_passes.decompose_with_registry")
+def _patch_decompose_with_registry(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Re-run the ONNX FX node fixes on the graph ``run_decompositions`` returns.
+
+    Pattern: ``torch.onnx`` decomposes the ExportedProgram (``ExportedProgram.run_decompositions``
+    with its ONNX-friendly table) after the exporter's Stage 3 fixes ran; the decomposition brings
+    back nodes those fixes remove (``aten.alias``, in-place views, dead comparisons) or introduces new
+    ones, which then reach the lowering unrepaired.
+    Models: every model whose graph the FX node fixes touch (e.g. SwinModel, GPT2Model, BertModel).
+    Remove when: torch.onnx offers a post-decomposition pass hook, or the FX node fixes are all gone.
+    Upstream: https://github.com/pytorch/pytorch/blob/v2.13.0/torch/onnx/_internal/exporter/_core.py
+        (_prepare_exported_program_for_export offers no hook between decomposition and lowering)
+    """
+
+    def decompose_with_registry(exported_program: Any, onnx_registry: Any) -> Any:
+        from ...exporters.onnx import record_decomposition_fixes
+
+        decomposed = original(exported_program, onnx_registry)
+        record_decomposition_fixes(registry.apply_fx_node_fixes("onnx", decomposed.graph_module))
+        return decomposed
+
+    return decompose_with_registry

@@ -1,0 +1,84 @@
+"""OnnxExporter Stage 4: ONNX translations (``register_onnx_translation("aten::op.overload")``),
+passed to torch.onnx as its custom translation table.
+
+Each function is traced by torch.onnx with onnxscript ops (``op.X`` builds a node); Python ``if``s on
+attributes and static ranks are resolved while the graph is built.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from onnxscript import opset18 as op
+from onnxscript.onnx_types import INT64, TensorType
+
+from ... import registry
+
+
+def _grouped_rows_matmul(rows: TensorType, weight: TensorType, offs: TensorType) -> TensorType:
+    """``out[r] = rows[r] @ weight[e(r)]`` where ``e(r)`` is the group of row ``r`` given by the
+    cumulative group ends ``offs`` (rows sorted by group). Rows past ``offs[-1]`` are zero, as in eager.
+
+    Computed densely (every row times every group's weight, then the row's group picked), which is
+    ``E`` times the work of the ragged product but needs no loop or data-dependent shape.
+    """
+    offs64 = op.Cast(offs, to=INT64.dtype)
+    num_rows = op.Shape(rows, start=0, end=1)  # [S]
+    row_ids = op.Range(op.Constant(value_int=0), op.Squeeze(num_rows), op.Constant(value_int=1))  # [S]
+    # group of each row: how many group ends lie at or before it
+    ends_passed = op.LessOrEqual(op.Unsqueeze(offs64, op.Constant(value_ints=[0])), op.Unsqueeze(row_ids, op.Constant(value_ints=[1])))
+    group = op.ReduceSum(op.Cast(ends_passed, to=INT64.dtype), op.Constant(value_ints=[1]), keepdims=0)  # [S]
+    num_groups = op.Shape(weight, start=0, end=1)
+    in_range = op.Less(group, num_groups)
+    group = op.Min(group, op.Sub(num_groups, op.Constant(value_ints=[1])))
+    every_group = op.MatMul(rows, weight)  # [E, S, out]
+    every_group = op.Transpose(every_group, perm=[1, 0, 2])  # [S, E, out]
+    out_dim = op.Shape(weight, start=2, end=3)
+    index = op.Expand(op.Reshape(group, op.Constant(value_ints=[-1, 1, 1])), op.Concat(num_rows, op.Constant(value_ints=[1]), out_dim, axis=0))
+    picked = op.Squeeze(op.GatherElements(every_group, index, axis=1), op.Constant(value_ints=[1]))  # [S, out]
+    zero = op.CastLike(op.Constant(value_float=0.0), picked)
+    return op.Where(op.Unsqueeze(in_range, op.Constant(value_ints=[1])), picked, zero)
+
+
+@registry.register_onnx_translation("transformers::grouped_mm_fallback.default")
+def _aten_grouped_mm_fallback(input: TensorType, weight: TensorType, offs: TensorType) -> TensorType:
+    """Grouped matmul of expert-sorted tokens (transformers' MoE ``grouped_mm`` experts on CPU/float32).
+
+    Pattern: ``transformers::grouped_mm_fallback(input [S, in], weight [E, in, out], offs [E])``, the
+    custom op transformers' ``grouped_mm`` experts implementation calls when ``torch._grouped_mm``
+    cannot run; torch.onnx has no translation for it ("No ONNX function found for
+    transformers.grouped_mm_fallback").
+    Models: MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and every MoE model using
+    transformers.integrations.moe grouped_mm experts.
+    Remove when: transformers or onnxscript ship an ONNX translation of the op (none in onnxscript 0.7.2).
+    Upstream: model-side (transformers.integrations.moe registers the custom op without an ONNX translation)
+    """
+    return _grouped_rows_matmul(input, weight, offs)
+
+
+@registry.register_onnx_translation("aten::_grouped_mm.default")
+def _aten_grouped_mm(
+    self: TensorType,
+    mat2: TensorType,
+    offs: Optional[TensorType] = None,
+    bias: Optional[TensorType] = None,
+    out_dtype: int = -1,
+) -> TensorType:
+    """``aten._grouped_mm`` with offsets (ragged MoE groups).
+
+    Pattern: ``torch._grouped_mm(tokens [S, in], weights [E, in, out], offs=[E])``, which transformers'
+    ``grouped_mm`` experts use when the weights are bfloat16; onnxscript's translation raises
+    "Grouped matmul with offsets (ragged/MoE) is not supported".
+    Models: MixtralForCausalLM, Qwen3MoeForCausalLM (bfloat16 grouped_mm experts).
+    Remove when: onnxscript's aten_grouped_mm supports ``offs`` (not in 0.7.2).
+    Upstream: https://github.com/microsoft/onnxscript/blob/v0.7.2/onnxscript/function_libs/torch_lib/ops/core.py (aten_grouped_mm raises NotImplementedError for offs)
+    """
+    if offs is None:
+        result = op.MatMul(self, mat2)
+    else:
+        result = _grouped_rows_matmul(op.CastLike(self, mat2), mat2, offs)
+    if bias is not None:
+        result = op.Add(result, bias)
+    if out_dtype is not None and out_dtype != -1:
+        result = op.Cast(result, to=out_dtype)
+    return result

@@ -1,0 +1,161 @@
+"""DynamoExporter on the real MiniLM and on small modules: signature restore, static-axis report,
+state cleanup, pytree round trip of caches, concurrent exports."""
+
+import threading
+
+import pytest
+import torch
+import transformers
+
+from hf_exporters import DynamoConfig, DynamoExporter, ExportStageError
+from hf_exporters.errors import InputError
+from hf_exporters.exporters._common import _STATEFUL_CACHE_ATTRS
+from hf_exporters.pipeline import default_model_path
+from hf_exporters.runtime import ExportedProgramRunner, check_parity, resized_inputs
+from hf_exporters.shapes import StaticAxis
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    path = default_model_path()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModel.from_pretrained(path).eval()
+    return model, tokenizer
+
+
+def test_minilm_batch_encoding_dynamic_parity(minilm):
+    model, tokenizer = minilm
+    encoding = tokenizer(["A man is eating food.", "Someone is riding a horse in the field."], padding=True, return_tensors="pt")
+    assert isinstance(encoding, transformers.BatchEncoding)
+    exporter = DynamoExporter()
+    program = exporter.export(model, encoding, DynamoConfig(dynamic=True))
+    assert exporter.static_axes == []
+    assert "forward" not in vars(model)  # the signature patch is an instance attribute, removed afterwards
+    inputs = dict(encoding)
+    other = resized_inputs(program, inputs)
+    assert other["input_ids"].shape == (5, inputs["input_ids"].shape[1] + 3)
+    reports = check_parity(model, ExportedProgramRunner(program), [inputs, other], atol=1e-4)
+    assert [r.ok for r in reports] == [True, True]
+    assert max(r.max_abs_diff for r in reports) < 1e-5
+    # real sentences embed to the checkpoint's known geometry: similar sentences are closer
+    with torch.no_grad():
+        out = program.module()(**dict(tokenizer(["A man eats food.", "A man is eating a meal.", "The sky is blue."], padding=True, return_tensors="pt")))
+    emb = torch.nn.functional.normalize(out.last_hidden_state.mean(1), dim=-1)
+    assert float(emb[0] @ emb[1]) > float(emb[0] @ emb[2])
+
+
+def test_static_export_refuses_other_sizes_with_a_clear_guard(minilm):
+    model, tokenizer = minilm
+    inputs = dict(tokenizer(["hello world"], return_tensors="pt"))
+    program = DynamoExporter().export(model, inputs)
+    longer = dict(tokenizer(["hello world, a longer sentence"], return_tensors="pt"))
+    with pytest.raises(AssertionError, match=r"^Guard failed: input_ids.size\(\)\[1\] == 4$"):
+        program.module()(**longer)
+
+
+class _ViewsBatchAsTwo(torch.nn.Module):
+    def forward(self, x):
+        return x.reshape(2, -1).sum(-1)
+
+
+def test_axes_that_end_static_are_reported():
+    exporter = DynamoExporter()
+    exporter.export(torch.nn.Linear(3, 4), {"input": torch.randn(2, 3)}, DynamoConfig(dynamic=True))
+    assert exporter.static_axes == [StaticAxis("input", 1, 3)]  # the feature axis meets the weight
+    assert str(exporter.static_axes[0]) == "input[axis 1] = 3"
+
+
+def test_explicit_dynamic_shapes_take_precedence():
+    exporter = DynamoExporter()
+    program = exporter.export(
+        _ViewsBatchAsTwo(),
+        {"x": torch.randn(2, 3)},
+        DynamoConfig(dynamic=True, dynamic_shapes={"x": {1: torch.export.Dim("n")}}),
+    )
+    shape = [n for n in program.graph.nodes if n.name == "x"][0].meta["val"].shape
+    assert shape[0] == 2 and isinstance(shape[1], torch.SymInt)
+    assert exporter.static_axes == []
+
+
+class _CachesRotary(torch.nn.Module):
+    """Sets a tensor attribute in forward, as wav2vec2-bert's rotary embedding does."""
+
+    def __init__(self):
+        super().__init__()
+        self.cached_rotary_positional_embedding = None
+        self.cached_sequence_length = None
+
+    def forward(self, x):
+        if self.cached_rotary_positional_embedding is None or self.cached_sequence_length != x.shape[1]:
+            self.cached_rotary_positional_embedding = torch.arange(x.shape[1], dtype=x.dtype)
+            self.cached_sequence_length = x.shape[1]
+        return x + self.cached_rotary_positional_embedding
+
+
+def test_state_cleanup_restores_stateful_attributes():
+    assert "cached_rotary_positional_embedding" in _STATEFUL_CACHE_ATTRS
+    module = _CachesRotary()
+    module(torch.zeros(1, 3))
+    eager_table = module.cached_rotary_positional_embedding
+    program = DynamoExporter().export(module, {"x": torch.zeros(1, 4)})
+    assert module.cached_rotary_positional_embedding is eager_table  # not a traced tensor
+    assert module.cached_sequence_length == 3
+    assert torch.equal(module(torch.zeros(1, 4)), program.module()(x=torch.zeros(1, 4)))
+
+
+def test_trace_failure_is_a_stage_error_with_the_blamed_line():
+    class DataDependent(torch.nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:  # the blamed line
+                return x * 2
+            return x
+
+    with pytest.raises(ExportStageError) as info:
+        DynamoExporter().export(DataDependent(), {"x": torch.ones(3)})
+    error = info.value
+    assert error.exporter == "dynamo" and error.stage == "trace (torch.export.export)"
+    assert error.blamed.endswith("(forward: if x.sum() > 0:  # the blamed line)")
+    assert str(error).startswith("[dynamo] trace (torch.export.export) failed: ")
+
+
+def test_inputs_must_be_a_mapping():
+    with pytest.raises(InputError, match="inputs must be a mapping of forward keyword arguments, got list"):
+        DynamoExporter().export(_ViewsBatchAsTwo(), [torch.randn(2, 3)])
+
+
+def test_dynamic_cache_round_trips_through_save_and_load(tmp_path):
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        cache = model(input_ids=torch.randint(0, 64, (1, 3)), use_cache=True).past_key_values
+    inputs = {"input_ids": torch.randint(0, 64, (1, 1)), "past_key_values": cache}
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    path = exporter.save(program, tmp_path)
+    assert path.name == "model.pt2" and program.example_inputs is not None
+    runner = exporter.load_runner(path)
+    report = check_parity(model, runner, [inputs], atol=1e-4)[0]
+    assert report.ok and [leaf.name for leaf in report.leaves][:2] == ["logits", "past_key_values_0"]
+
+
+def test_concurrent_exports_in_threads(minilm):
+    """Exports in three threads at once: each sees its own, complete set of patches (the lock
+    serialises the patched regions), and every program matches eager."""
+    model, tokenizer = minilm
+    inputs = dict(tokenizer(["one sentence", "and another one"], padding=True, return_tensors="pt"))
+    programs, errors = [], []
+
+    def work(dynamic):
+        try:
+            programs.append(DynamoExporter().export(model, inputs, DynamoConfig(dynamic=dynamic)))
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(d,)) for d in (True, False, True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(programs) == 3
+    diffs = [check_parity(model, ExportedProgramRunner(p), [inputs], atol=1e-4)[0].max_abs_diff for p in programs]
+    assert max(diffs) < 1e-5
