@@ -59,6 +59,15 @@ class DynamoExporter:
         #: the ExportedProgram of the last export (the traced graph every backend starts from)
         self.exported_program: torch.export.ExportedProgram | None = None
 
+    def export_for_generation(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any = None) -> dict[str, Any]:
+        """Export each part a generation loop needs (prefill, decode, encoder, ...) with this backend.
+
+        Returns ``{part name: native artifact}``; see :mod:`hf_exporters.generation`.
+        """
+        from ..generation import export_for_generation
+
+        return export_for_generation(self, model, inputs, config)
+
     def save(self, program: Any, directory: str | os.PathLike[str]) -> Path:
         """Write ``program`` as ``directory/model.pt2`` (``torch.export.save``) and return the path."""
         path = Path(directory) / self.artifact_name
