@@ -119,6 +119,23 @@ def patches(
     Console(width=200).print(table)
 
 
+def _register_subcommands() -> None:
+    """Add the commands that live in their own modules (sweep, generate)."""
+    import importlib
+
+    for name in ("hf_exporters.cli_sweep", "hf_exporters.cli_generate"):
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name != name:
+                raise
+            continue
+        module.register(app)
+
+
+_register_subcommands()
+
+
 def main() -> None:  # pragma: no cover - entry point
     app()
 
