@@ -61,6 +61,8 @@ def test_case_onnx_parity(case_id: str, tmp_path: Any) -> None:
 
     reports = check_parity(model, run, input_sets, atol=ATOL)
     assert len(reports) == len(input_sets)
+    # graph outputs carry the model's output names (an updated cache gets the prefix "present.")
+    assert [n.removeprefix("present.") for n in run.output_names] == [leaf.name for leaf in reports[0].leaves]
     for report in reports:
         assert report.ok, report.describe_failure()
         assert report.max_abs_diff <= ATOL

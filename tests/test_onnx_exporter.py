@@ -71,6 +71,7 @@ def test_export_save_run_dynamic(tmp_path: Path) -> None:
 
     run = exporter.load_runner(path)
     assert run.input_names == ["x", "mask"]  # no buffer, no constant leaks in
+    assert run.output_names == ["y", "n"]  # named after the output dict keys, not the producing nodes
     resized = resized_inputs(exporter.exported_program, inputs)
     assert resized is not None and resized["x"].shape == (5, 6, 8)
     reports = check_parity(model, run, [inputs, resized], atol=exporter.default_atol)

@@ -59,6 +59,23 @@ def size_oblivious_sizes() -> Any:
     return fx_config.patch(backed_size_oblivious=True)
 
 
+def _key_name(path: Any) -> str:
+    return "_".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+def output_names(exported_program: torch.export.ExportedProgram) -> list[str]:
+    """Names of the program's user outputs, from its output pytree: ``logits``, ``past_key_values_0``, ...
+
+    The same names :func:`tensor_leaves` gives the leaves of the eager output.
+    """
+    spec = exported_program.call_spec.out_spec
+    if spec is None:
+        return []
+    # placeholder tensors, not ints: a cache's generic flatten keeps only tensors as leaves
+    structure = pytree.tree_unflatten([torch.empty(0) for _ in range(spec.num_leaves)], spec)
+    return [name or "output" for name, _ in tensor_leaves(structure)]
+
+
 def tensor_leaves(inputs: Any) -> list[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` for every tensor in ``inputs``, in the order ``torch.export`` flattens them.
 
@@ -68,8 +85,7 @@ def tensor_leaves(inputs: Any) -> list[tuple[str, torch.Tensor]]:
     out = []
     for path, leaf in flat:
         if isinstance(leaf, torch.Tensor):
-            name = "_".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
-            out.append((name, leaf))
+            out.append((_key_name(path), leaf))
     return out
 
 

@@ -17,6 +17,7 @@ from ..deps import require
 from ..errors import ExportStageError
 from ..known_issues import ONNX_DISABLE_OPTIMIZE
 from ..pytree import register_model_pytrees
+from ..shapes import output_names
 from ._common import blamed_line, first_line, normalize_inputs, stage
 from .dynamo import DynamoExporter
 
@@ -170,6 +171,9 @@ class OnnxExporter(DynamoExporter):
         with stage(self.name, "Stage 5: ONNX IR fixes"):
             self.ir_fixes_applied = apply_onnx_ir_fixes(program.model)
 
+        with stage(self.name, "output names"):
+            name_graph_outputs(program.model, output_names(exported))
+
         if config.output_path:
             with stage(self.name, "save"):
                 program.save(str(config.output_path), external_data=config.external_data)
@@ -237,6 +241,22 @@ def record_decomposition_fixes(count: int) -> None:
         _DECOMPOSITION_FIX_COUNTER[-1].fx_fixes_applied += count
 
 
+def name_graph_outputs(model: Any, names: list[str]) -> None:
+    """Rename the graph outputs of ``model`` (an ``onnx_ir.Model``) to the model's output names
+    (``last_hidden_state``, ``logits``, ``past_key_values_0``, ...) instead of the name of the node that
+    produced them. An output whose name an input already has (an updated cache) gets the prefix
+    ``present.``; one that is itself a graph input is left as it is."""
+    outputs = list(model.graph.outputs)
+    if len(names) != len(outputs):
+        return
+    taken = {v.name for v in model.graph.inputs}
+    for value, name in zip(outputs, names):
+        if value in model.graph.inputs or value.is_initializer():
+            continue
+        value.name = f"present.{name}" if name in taken else name
+        taken.add(value.name)
+
+
 def apply_onnx_ir_fixes(model: Any) -> int:
     """Run every registered ONNX IR fix on the main graph and every function of ``model`` (an ``onnx_ir.Model``).
 
@@ -249,5 +269,5 @@ def apply_onnx_ir_fixes(model: Any) -> int:
     return changed
 
 
-__all__ = ["OnnxExporter", "apply_onnx_ir_fixes", "newest_opset"]
+__all__ = ["OnnxExporter", "apply_onnx_ir_fixes", "name_graph_outputs", "newest_opset"]
 
