@@ -1,0 +1,62 @@
+"""Run a ``.pte`` program with ``executorch.runtime`` (the real ExecuTorch runtime, through its pybindings)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..deps import require
+from ..shapes import tensor_leaves
+
+
+def flat_inputs(inputs: dict[str, Any]) -> list[Any]:
+    """The program's inputs: every pytree leaf of ``inputs`` in ``torch.export`` order.
+
+    Tensors are the ones :func:`~hf_exporters.shapes.tensor_leaves` names; a scalar input (``use_cache=True``)
+    is a constant of the exported program, yet ExecuTorch still counts it as an input of ``forward``.
+    """
+    leaves, _ = pytree.tree_flatten(inputs)
+    tensors = iter(t for _, t in tensor_leaves(inputs))
+    flat: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            flat.append(next(tensors).contiguous())
+        elif isinstance(leaf, (bool, int, float)):
+            flat.append(leaf)
+    return flat
+
+
+#: the constant method the exporter stores (kept in sync with hf_exporters.exporters.executorch)
+INPUT_MUTATIONS_METHOD = "hf_exporters_input_mutation_outputs"
+
+
+class ExecutorchRunner:
+    """Loads ``path`` (a ``.pte`` file, or its bytes) and runs its ``forward`` method.
+
+    ``runner(inputs)`` flattens the input mapping in ``torch.export`` order (caches included, once
+    :func:`hf_exporters.pytree.register_model_pytrees` has registered them), executes the method and
+    returns every output tensor in order: the pytree flatten of the eager output.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | bytes, method: str = "forward"):
+        runtime_module = require("executorch.runtime", "Running a .pte program")
+        self.runtime = runtime_module.Runtime.get()
+        data: Any = bytes(path) if isinstance(path, (bytes, bytearray)) else str(path)
+        self.program = self.runtime.load_program(data)
+        self.method = self.program.load_method(method)
+        if self.method is None:
+            raise ValueError(f"the program has no method {method!r} (it has {sorted(self.program.method_names)})")
+        # ExecuTorch returns the mutated user inputs (an updated StaticCache) before the model outputs;
+        # the exporter records their number in a constant method.
+        self.skip_outputs = 0
+        if INPUT_MUTATIONS_METHOD in self.program.method_names:
+            self.skip_outputs = int(self.program.load_method(INPUT_MUTATIONS_METHOD).execute([])[0])
+
+    def __call__(self, inputs: dict[str, Any]) -> list[torch.Tensor]:
+        flat = flat_inputs(inputs)
+        outputs = self.method.execute(flat)[self.skip_outputs :]
+        # Output tensors may alias the method's planned memory: copy them out before the next run.
+        return [o.clone() if isinstance(o, torch.Tensor) else torch.as_tensor(o) for o in outputs]

@@ -1,0 +1,110 @@
+"""ExecutorchExporter Stage 2: torch patches (``register_patch("executorch...", "<torch or transformers path>")``).
+
+Active during the torch.export trace: rewrites of torch ops (and model helpers) into forms the
+ExecuTorch backends accept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...registry import register_patch
+
+#: experts implementations whose trace ExecuTorch cannot run, each replaced by ``batched_mm``
+_EXPERTS_REPLACED = ("eager", "grouped_mm")
+
+
+@register_patch("executorch", "transformers.integrations.moe.ExpertsInterface._global_mapping")
+def _patch_experts_batched_mm(original: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+    """Run mixture-of-experts layers with the ``batched_mm`` experts implementation.
+
+    Pattern: the default ``grouped_mm`` experts forward sorts tokens by expert, counts them with
+    ``histc`` (not core ATen: "aten.histc.default is not in Core ATen opset") and multiplies through
+    ``torch.ops.transformers.grouped_mm_fallback`` on CPU, a custom op with no ExecuTorch kernel
+    ("Missing out variants: {'transformers::grouped_mm_fallback'}" in ``to_executorch``); the ``eager`` one loops over the experts picked with ``nonzero()``
+    (data-dependent shapes). ``batched_mm`` gathers each selected expert's weights and runs one
+    ``bmm``: the same numbers, static shapes, core ATen ops only.
+    Models: MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM and the
+    other models whose experts class uses ``@use_experts_implementation``.
+    Upstream: model-side (transformers#38518: an export-friendly experts implementation chosen for
+    torch.export; grouped_mm_fallback needs an out variant to run in ExecuTorch)
+    Remove when: transformers picks an export-friendly experts implementation under torch.export, or
+    ExecuTorch runs ``torch.nn.functional.grouped_mm``.
+    """
+    batched = original["batched_mm"]
+    return {**original, **dict.fromkeys(_EXPERTS_REPLACED, batched)}
+
+
+def _static_size(tensor: Any, dim: int) -> int | None:
+    import torch
+
+    size = tensor.shape[dim]
+    return size if isinstance(size, int) and not isinstance(size, torch.SymInt) else None
+
+
+def _narrowed(tensor: Any, dim: int, sizes: list[int]) -> tuple[Any, ...]:
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(tensor.narrow(dim, start, size))
+        start += size
+    return tuple(pieces)
+
+
+@register_patch("executorch", "torch.Tensor.chunk", "torch.chunk")
+def _patch_chunk_as_narrow(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Trace ``chunk`` along a static axis as ``narrow`` views instead of ``split_with_sizes``.
+
+    Pattern: ``gate, up = x.chunk(2, dim=-1)`` on a tensor whose other axes are dynamic lowers to
+    ``split_with_sizes_copy``; ExecuTorch's edge verifier (``EdgeOpArgValidator``) re-runs that op and
+    its list output specialises the dynamic batch to the trace hint (``set_replacement s0 = 1``), so
+    the ``.pte`` refuses every other batch size ("Attempted to resize a static tensor" in
+    ``aten::arange.start_out``). Views (``slice_copy``) keep the batch symbolic. Axes of dynamic size
+    keep the original ``chunk``.
+    Models: Phi3ForCausalLM (Phi3MLP), GPT-NeoX / Falcon style fused projections, every gated MLP
+    that chunks a fused gate_up projection.
+    Upstream: pytorch/executorch exir/verification/arg_validator.py (list-returning copy ops guard on
+    symbolic sizes during verification)
+    Remove when: to_edge verification keeps dynamic sizes of split_with_sizes_copy outputs symbolic.
+    """
+
+    def chunk(tensor: Any, chunks: int, dim: int = 0) -> tuple[Any, ...]:
+        size = _static_size(tensor, dim)
+        if size is None or chunks <= 0:
+            return original(tensor, chunks, dim)
+        step = -(-size // chunks)
+        sizes = [min(step, size - start) for start in range(0, size, step)] if size else [0]
+        return _narrowed(tensor, dim, sizes)
+
+    return chunk
+
+
+@register_patch("executorch", "torch.Tensor.split", "torch.split")
+def _patch_split_as_narrow(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Trace ``split`` along a static axis as ``narrow`` views instead of ``split_with_sizes``.
+
+    Pattern: ``q, k, v = qkv.split(hidden, dim=-1)`` (an int or a list of sizes) on a tensor with
+    dynamic batch or sequence lowers to ``split_with_sizes_copy``/``split_copy``, whose verification
+    in ExecuTorch specialises the dynamic axes to the trace hint (see ``_patch_chunk_as_narrow``).
+    Models: GPT2Model (c_attn split), BloomModel, Qwen2-VL vision blocks, any fused QKV projection.
+    Upstream: pytorch/executorch exir/verification/arg_validator.py (list-returning copy ops guard on
+    symbolic sizes during verification)
+    Remove when: to_edge verification keeps dynamic sizes of split_copy outputs symbolic.
+    """
+
+    def split(tensor: Any, split_size_or_sections: Any, dim: int = 0) -> tuple[Any, ...]:
+        size = _static_size(tensor, dim)
+        if size is None:
+            return original(tensor, split_size_or_sections, dim)
+        if isinstance(split_size_or_sections, int) and split_size_or_sections > 0:
+            step = split_size_or_sections
+            sizes = [min(step, size - start) for start in range(0, size, step)] if size else [0]
+        elif isinstance(split_size_or_sections, (list, tuple)) and all(isinstance(s, int) for s in split_size_or_sections):
+            sizes = list(split_size_or_sections)
+        else:
+            return original(tensor, split_size_or_sections, dim)
+        if sum(sizes) != size:  # let torch raise its own error
+            return original(tensor, split_size_or_sections, dim)
+        return _narrowed(tensor, dim, sizes)
+
+    return split

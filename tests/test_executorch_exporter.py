@@ -1,0 +1,321 @@
+"""ExecutorchExporter: its stages, backends, runner, and the smallest test for each ExecuTorch workaround."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+pytest.importorskip("executorch")
+
+from hf_exporters import ExecutorchConfig, ExportStageError, MissingDependencyError, registry  # noqa: E402
+from hf_exporters.exporters import executorch as executorch_module  # noqa: E402
+from hf_exporters.exporters.executorch import ExecutorchExporter  # noqa: E402
+from hf_exporters.runtime import check_parity, resized_inputs  # noqa: E402
+from hf_exporters.runtime.et_runner import ExecutorchRunner  # noqa: E402
+from hf_exporters.shapes import StaticAxis, size_oblivious_sizes  # noqa: E402
+from hf_exporters.workarounds.executorch import fx_program_fixes  # noqa: E402
+
+AUTO = torch.export.Dim.AUTO
+
+
+class TinyAttention(torch.nn.Module):
+    """One self-attention block: linear, view, permute, scaled_dot_product_attention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(8, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, 8)
+
+
+def _tiny_attention() -> TinyAttention:
+    torch.manual_seed(0)
+    return TinyAttention().eval()
+
+
+def _x(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)))
+
+
+def _lower_and_run(model, example, fixes, run_shapes, make=None):
+    """torch.export with Dim.AUTO, apply only ``fixes``, lower to XNNPACK, run each shape in executorch.runtime.
+
+    Returns the max abs diff from eager per shape, or the runtime error's text.
+    """
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    with size_oblivious_sizes():
+        ep = torch.export.export(model, (example,), dynamic_shapes=({i: AUTO for i in range(example.dim())},))
+        for fix in fixes:
+            fix(ep)
+        buffer = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+    method = Runtime.get().load_program(buffer).load_method("forward")
+    results = []
+    for shape in run_shapes:
+        x = (make or _x)(*shape)
+        try:
+            got = method.execute([x])[0]  # the first output (last_hidden_state for a BertModel)
+        except RuntimeError as error:
+            results.append(str(error))
+            continue
+        with torch.no_grad():
+            want = model(x)
+        want = want if isinstance(want, torch.Tensor) else want[0]
+        results.append(float((got - want).abs().max()))
+    return results
+
+
+# ── The exporter's shape ─────────────────────────────────────────────────────
+
+
+def test_export_reads_as_five_stages():
+    source = inspect.getsource(ExecutorchExporter.export)
+    titles = re.findall(r"# ── (Stage \d: [^─]+) ──", source)
+    assert titles == [
+        "Stage 1: Backend preparation",
+        "Stage 2: Torch patches",
+        "Stage 3: ExecuTorch patches",
+        "Stage 4: FX program fixes",
+        "Stage 5: FX node fixes",
+    ]
+    assert "super().export(" in source
+
+
+def test_interface_attributes():
+    assert ExecutorchExporter.name == "executorch"
+    assert ExecutorchExporter.artifact_name == "model.pte"
+    assert ExecutorchExporter.default_atol == 1e-3
+    assert ExecutorchExporter.config_class is ExecutorchConfig
+    assert set(registry.executorch_backends()) >= {"xnnpack", "portable", "cuda"}
+
+
+def test_unknown_backend_lists_the_known_ones():
+    with pytest.raises(ExportStageError) as info:
+        ExecutorchExporter().export(_tiny_attention(), {"x": _x(1, 3, 8)}, ExecutorchConfig(backend="vulkan-x"))
+    assert info.value.stage == "Stage 1: Backend preparation"
+    assert info.value.detail == "InputError: unknown ExecuTorch backend 'vulkan-x'; known backends: cuda, portable, xnnpack"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_cuda_backend_without_gpu_fails_in_stage_1():
+    with pytest.raises(ExportStageError) as info:
+        ExecutorchExporter().export(_tiny_attention(), {"x": _x(1, 3, 8)}, ExecutorchConfig(backend="cuda"))
+    assert info.value.stage == "Stage 1: Backend preparation"
+    assert info.value.detail.startswith("RuntimeError: the ExecuTorch 'cuda' backend needs a CUDA GPU, and none is available here")
+
+
+def test_missing_executorch_is_a_missing_dependency_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "executorch.exir", None)
+    with pytest.raises(MissingDependencyError) as info:
+        ExecutorchExporter().export(_tiny_attention(), {"x": _x(1, 3, 8)})
+    assert "pip install 'hf-exporters[executorch]'" in str(info.value)
+
+
+def test_every_executorch_workaround_names_upstream_and_removal():
+    workarounds = [w for w in registry.list_workarounds() if w.backend.split(".")[0] == "executorch"]
+    assert {w.name for w in workarounds} >= {
+        "prepare_for_xnnpack",
+        "prepare_for_portable",
+        "prepare_for_cuda",
+        "_fix_unbounded_range_constraints",
+        "_fix_size_hints_of_one",
+        "_patch_experts_batched_mm",
+        "_patch_chunk_as_narrow",
+        "_patch_split_as_narrow",
+    }
+    for w in workarounds:
+        assert w.upstream, f"{w.name} has no 'Upstream:' line"
+        assert w.remove_when, f"{w.name} has no 'Remove when:' line"
+        prefix = {"patch": "_patch_", "fx_node_fix": "_fix_", "fx_program_fix": "_fix_", "backend_prepare": "prepare_for_"}
+        assert w.name.startswith(prefix[w.kind]), w.name
+        assert "Models:" in inspect.getdoc(w.func) and "Pattern:" in inspect.getdoc(w.func), w.name
+
+
+# ── End to end on a tiny model ───────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("backend", ["xnnpack", "portable"])
+def test_export_save_run_parity_dynamic(backend, tmp_path):
+    model = _tiny_attention()
+    inputs = {"x": _x(2, 5, 8)}
+    exporter = ExecutorchExporter()
+    manager = exporter.export(model, inputs, ExecutorchConfig(backend=backend, dynamic=True))
+    assert exporter.static_axes == [StaticAxis("x", 2, 8)]  # the feature axis, fixed by the Linear
+    path = exporter.save(manager, tmp_path)
+    assert path == tmp_path / "model.pte" and path.read_bytes() == manager.buffer
+    resized = resized_inputs(exporter.exported_program, inputs)
+    assert resized["x"].shape == (5, 8, 8)
+    reports = check_parity(model, exporter.load_runner(path), [inputs, resized], atol=1e-3)
+    assert [r.input_shapes["x"] for r in reports] == [[2, 5, 8], [5, 8, 8]]
+    assert all(r.max_abs_diff < 1e-5 for r in reports)
+
+
+class InPlaceUpdate(torch.nn.Module):
+    def forward(self, state: torch.Tensor, x: torch.Tensor, scale: float):
+        state.add_(x)
+        return state * scale, x.sum()
+
+
+def test_runner_drops_input_mutation_outputs_and_passes_scalars(tmp_path):
+    model = InPlaceUpdate()
+    inputs = {"state": torch.zeros(2, 3), "x": torch.ones(2, 3), "scale": 2.0}
+    exporter = ExecutorchExporter()
+    exporter.save(exporter.export(model, inputs), tmp_path)
+    runner = exporter.load_runner(tmp_path / "model.pte")
+    assert runner.skip_outputs == 1  # the mutated `state` comes first in ExecuTorch's outputs
+    out = runner({"state": torch.zeros(2, 3), "x": torch.ones(2, 3), "scale": 2.0})
+    assert [o.tolist() for o in out] == [[[2.0] * 3] * 2, 6.0]
+
+
+def test_runner_loads_bytes():
+    model = _tiny_attention()
+    manager = ExecutorchExporter().export(model, {"x": _x(2, 3, 8)})
+    out = ExecutorchRunner(manager.buffer)({"x": _x(2, 3, 8)})
+    assert float((out[0] - model(_x(2, 3, 8))).abs().max()) < 1e-5
+
+
+# ── Stage 4: FX program fixes, each with the failure it removes ─────────────
+
+
+def test_fix_unbounded_range_constraints_is_needed():
+    shapes = [(2, 5, 8), (2, 9, 8)]
+    without = _lower_and_run(_tiny_attention(), _x(2, 5, 8), [], shapes)
+    assert without[0] < 1e-5
+    assert "failed with error" in without[1]  # planned for the example's size: "Attempted to resize a bounded tensor"
+    with_fix = _lower_and_run(_tiny_attention(), _x(2, 5, 8), [fx_program_fixes._fix_unbounded_range_constraints], shapes)
+    assert max(with_fix) < 1e-5
+
+
+def test_fix_unbounded_range_constraints_bounds():
+    ep = torch.export.export(_tiny_attention(), (_x(2, 5, 8),), dynamic_shapes=({0: AUTO, 1: AUTO},))
+    fx_program_fixes._fix_unbounded_range_constraints(ep)
+    assert sorted(int(r.upper) for r in ep.range_constraints.values()) == [128, 128]
+
+
+def _ids(batch: int, seq_len: int) -> torch.Tensor:
+    return torch.randint(3, 100, (batch, seq_len), generator=torch.Generator().manual_seed(batch * seq_len))
+
+
+def test_fix_size_hints_of_one_is_needed():
+    """A one-layer BertModel exported from a batch-1 example: without the fix the lowering builds its
+    attention views for batch 1 and batch 3 fails at run time."""
+    import transformers
+
+    config = transformers.BertConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, vocab_size=100
+    )
+    torch.manual_seed(0)
+    bert = transformers.BertModel(config).eval()
+    bound = fx_program_fixes._fix_unbounded_range_constraints
+    shapes = [(1, 5), (3, 4)]
+    without = _lower_and_run(bert, _ids(1, 5), [bound], shapes, make=_ids)
+    assert without[0] < 1e-5
+    assert "failed with error" in without[1]
+    with_fix = _lower_and_run(bert, _ids(1, 5), [bound, fx_program_fixes._fix_size_hints_of_one], shapes, make=_ids)
+    assert max(with_fix) < 1e-5
+
+
+# ── Stage 2: Torch patches ───────────────────────────────────────────────────
+
+
+def test_patch_experts_batched_mm_swaps_grouped_and_eager():
+    from transformers.integrations import moe
+
+    batched = moe.ALL_EXPERTS_FUNCTIONS["batched_mm"]
+    assert moe.ALL_EXPERTS_FUNCTIONS["grouped_mm"] is not batched
+    with registry.apply_patches("executorch.xnnpack", select=lambda p: not p.startswith("executorch.")):
+        assert moe.ALL_EXPERTS_FUNCTIONS.get_interface("grouped_mm", None) is batched
+        assert moe.ALL_EXPERTS_FUNCTIONS.get_interface("eager", None) is batched
+    assert moe.ALL_EXPERTS_FUNCTIONS.get_interface("grouped_mm", None) is not batched
+
+
+def test_patch_experts_batched_mm_is_needed():
+    """Without the patch a MoE block traces to aten.histc (not core ATen) and the
+    transformers::grouped_mm_fallback custom op (no ExecuTorch kernel); with it the block runs in
+    executorch.runtime with eager's numbers."""
+    import transformers
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    config = transformers.MixtralConfig(hidden_size=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)
+    config._experts_implementation = "grouped_mm"  # what from_pretrained / from_config pick
+    torch.manual_seed(0)
+    block = MixtralSparseMoeBlock(config).eval()
+    for parameter in block.parameters():  # expert weights are torch.empty outside a PreTrainedModel
+        torch.nn.init.normal_(parameter, std=0.2)
+    x = _x(1, 6, 16)
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    with torch.no_grad():
+        ep = torch.export.export(block, (x,))
+    from torch._export.verifier import SpecViolationError
+
+    with pytest.raises(SpecViolationError, match=r"Operator torch._ops.aten.histc.default is not in Core ATen opset"):
+        to_edge_transform_and_lower(ep).to_executorch()
+    with pytest.raises(RuntimeError, match=r"Missing out variants: \{'transformers::grouped_mm_fallback'\}"):
+        to_edge_transform_and_lower(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch()
+    exporter = ExecutorchExporter()
+    manager = exporter.export(block, {"hidden_states": x}, ExecutorchConfig(backend="portable"))
+    out = ExecutorchRunner(manager.buffer)({"hidden_states": x})
+    with torch.no_grad():
+        assert float((out[0] - block(x)).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("call", "expected_sizes"),
+    [
+        (lambda t: t.chunk(2, dim=-1), [3, 2]),
+        (lambda t: torch.chunk(t, 3, -1), [2, 2, 1]),
+        (lambda t: t.split(2, dim=-1), [2, 2, 1]),
+        (lambda t: torch.split(t, [1, 4], dim=-1), [1, 4]),
+    ],
+)
+def test_patch_chunk_and_split_as_narrow_match_torch(call, expected_sizes):
+    t = _x(2, 3, 5)
+    want = call(t)
+    with registry.apply_patches("executorch.xnnpack", select=lambda p: not p.startswith("executorch.")) as paths:
+        assert {"TensorBase.chunk", "TensorBase.split"} & set(paths) or {"Tensor.chunk", "Tensor.split"} <= set(paths), paths
+        got = call(t)
+    assert [g.shape[-1] for g in got] == expected_sizes
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_patch_split_keeps_torch_errors():
+    with registry.apply_patches("executorch.xnnpack", select=lambda p: not p.startswith("executorch.")):
+        with pytest.raises(RuntimeError, match="split_with_sizes expects split_sizes to sum exactly to 5"):
+            _x(2, 5).split([1, 2], dim=-1)
+
+
+def test_patch_chunk_as_narrow_traces_views():
+    """The traced gated MLP has no split op left for ExecuTorch to verify (the case that needs the
+    patch end to end is H1, Phi3ForCausalLM, in test_executorch_cases.py)."""
+
+    class GatedMLP(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate_up = torch.nn.Linear(8, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            return torch.nn.functional.silu(gate) * up
+
+    def ops(ep):
+        return {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+
+    model, example = GatedMLP().eval(), (_x(1, 5, 8),)
+    assert "aten.chunk.default" in ops(torch.export.export(model, example))
+    with registry.apply_patches("executorch.xnnpack", select=lambda p: not p.startswith("executorch.")):
+        patched = ops(torch.export.export(model, example))
+    assert not {"aten.chunk.default", "aten.split.Tensor", "aten.split_with_sizes.default"} & patched
+    assert "aten.narrow.default" in patched or "aten.slice.Tensor" in patched
