@@ -23,19 +23,14 @@ pytest.importorskip("onnxscript")
 from hf_exporters import OnnxConfig  # noqa: E402
 from hf_exporters.exporters.onnx import OnnxExporter  # noqa: E402
 from hf_exporters.runtime import check_parity  # noqa: E402
+from hf_exporters.known_issues import skip_reason  # noqa: E402
 from hf_exporters.shapes import tensor_leaves  # noqa: E402
 
 ATOL = 1e-3
 CASES = {k: ALL_CASES[k] for k in ("H1", "H2", "H3", "H5", "H6", "H7", "H8", "H11", "H15")}
 
-#: cases that cannot pass yet, with the reason (each names the report it waits on)
-XFAIL: dict[str, str] = {
-    "H11": (
-        "torch.export trace fails: GuardOnDataDependentSymNode Eq(u3, 0) at transformers "
-        "modeling_qwen2_vl.py:403 torch.split(tensor, lengths.tolist(), dim=2) (vision attention split "
-        "on .item() sizes, pytorch/pytorch#158786); waits on the dynamo model patch for Qwen2-VL"
-    ),
-}
+#: cases that cannot pass yet: their reason is the EXPORT_SKIPS entry (the model-side change needed)
+XFAIL: dict[str, str] = {"H11": skip_reason("Qwen2VLForConditionalGeneration", "onnx", False)}
 
 
 def _params() -> list[Any]:

@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", default="reports/demo.json", type=Path, help="where to write the rows")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" notes
     warnings.filterwarnings("ignore")
     print(f"{'model':<34} {'backend':<11} {'status':<7} {'max|diff|':>10} {'export':>9}")
     rows = run([b for b in args.backends.split(",") if b], args.out, args.report)

@@ -1,0 +1,143 @@
+"""``hf-exporters sweep``: every model class through every backend, with a report (see :mod:`hf_exporters.sweep`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import tempfile
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def _split(value: str, allowed: tuple[str, ...], option: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad:
+        raise typer.BadParameter(f"{option}: unknown {', '.join(bad)}; choose from {', '.join(allowed)}")
+    return items
+
+
+def sweep(
+    backend: str = typer.Option("dynamo,onnx,executorch", "--backend", "-b", help="Comma-separated backends."),
+    engine: str = typer.Option("ours", "--engine", help="ours | upstream | both (upstream: transformers.exporters)."),
+    shapes: str = typer.Option("static,dynamic", "--shapes", help="static, dynamic, or both (comma-separated); static runs first."),
+    classes: str = typer.Option("base", "--classes", help="base (one base model class per model type) | all (every Auto-mapping class)."),
+    only: Optional[str] = typer.Option(None, "--only", help="Comma-separated fnmatch patterns on class name or model type."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="i/n: run every n-th class starting at i (0-based)."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Jobs run at the same time (local process pool)."),
+    timeout: float = typer.Option(90.0, "--timeout", help="Seconds per job before it is killed and recorded as a timeout."),
+    memory_gb: float = typer.Option(6.0, "--memory-gb", help="Resident memory cap per job (GiB); past it the job is an oom."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Ray cluster address ('local' starts one here); needs the ray extra."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Report folder (default reports/sweep/<transformers version>)."),
+    recheck_skips: bool = typer.Option(False, "--recheck-skips", help="Run the EXPORT_SKIPS entries and list those that now pass."),
+    smoke: bool = typer.Option(False, "--smoke", help="The CI smoke set; fails on a regression against the baseline."),
+    update_baseline: bool = typer.Option(False, "--update-baseline", help="With --smoke: write the baseline from this run."),
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="Skip jobs already recorded under the same versions and code revision."),
+    any_revision: bool = typer.Option(False, "--resume-any-revision", help="Resume past jobs recorded under another code revision (same versions); the summary lists every revision."),
+    report_only: bool = typer.Option(False, "--report-only", help="Only regenerate the reports from results.jsonl."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Export model classes of the installed transformers through each backend and report parity pass rates."""
+    from .known_issues import skip_reason
+    from .sweep import classes as class_sets
+    from .sweep import report, runner
+    from .sweep import smoke as smoke_set
+    from .sweep.job import BACKENDS, ENGINES
+
+    backends = _split(backend, BACKENDS, "--backend")
+    engines = list(ENGINES) if engine == "both" else _split(engine, ENGINES, "--engine")
+    dynamics = [s == "dynamic" for s in _split(shapes, ("static", "dynamic"), "--shapes")]
+    import transformers
+
+    all_classes = class_sets.all_classes()
+    base = class_sets.base_classes()
+    pool = all_classes if classes == "all" else base
+    if smoke:
+        pool = {c: all_classes.get(c, base.get(c, "")) for c in smoke_set.smoke_classes()}
+    selected = class_sets.select(pool, only, shard)
+    out_dir = output or Path("reports") / "sweep" / transformers.__version__
+    if smoke and output is None:
+        out_dir = Path("reports") / "sweep" / "smoke" / transformers.__version__
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store = runner.ResultStore(out_dir / "results.jsonl", runner.versions(), runner.code_revision())
+
+    def ours_skip(cls: str, be: str, dyn: bool) -> str | None:
+        return skip_reason(cls, be, dyn)
+
+    import hashlib
+
+    # a partial run samples every family: classes in a fixed pseudo-random order, not alphabetical
+    ordered = sorted(selected, key=lambda c: hashlib.sha1(c.encode()).hexdigest())
+    specs = runner.plan([(c, pool[c]) for c in ordered], backends, engines, dynamics, ours_skip, recheck_skips)
+    specs = [s for s in specs if not (s.get("skip") and s["engine"] != "ours")]
+    for s in specs:  # EXPORT_SKIPS are ours: upstream runs every job
+        if s["engine"] != "ours":
+            s.pop("skip", None)
+            s.pop("recheck", None)
+    if recheck_skips:
+        specs = [s for s in specs if s.get("recheck")]
+    done = store.done(any_revision) if resume else set()
+    todo = [s for s in specs if runner.job_key(s) not in done]
+    command = "hf-exporters sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "sweep")
+    typer.echo(
+        f"{len(all_classes)} model classes in the Auto mappings ({len(base)} base); {len(selected)} selected; "
+        f"{len(specs)} jobs, {len(specs) - len(todo)} already done; writing {out_dir}",
+        err=True,
+    )
+    records: list = []
+    if not report_only and todo:
+        with open(out_dir / "runs.jsonl", "a") as handle:  # the exact options, recorded before the run
+            handle.write(json.dumps({
+                "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs_planned": len(todo),
+                "revision": store.revision,
+                "options": {"backend": backends, "engine": engines, "shapes": shapes, "classes": classes, "only": only,
+                            "shard": shard, "jobs": jobs, "timeout": timeout, "memory_gb": memory_gb, "ray": ray,
+                            "recheck_skips": recheck_skips, "smoke": smoke, "resume": resume,
+                            "resume_any_revision": any_revision},
+            }) + "\n")
+        records = runner.run_jobs(
+            todo, store, jobs=jobs, timeout=timeout, memory_gb=memory_gb, ray_address=ray, progress=progress,
+            log=Path(tempfile.gettempdir()) / f"hf-sweep-jobs-{os.getpid()}.log",  # the models' own output
+        )
+    runs = [json.loads(line) for line in (out_dir / "runs.jsonl").read_text().splitlines()] if (out_dir / "runs.jsonl").exists() else []
+    meta = {
+        "versions": store.versions,
+        "revision": store.revision,
+        "classes_total": len(all_classes),
+        "base_classes_total": len(base),
+        "class_set": "smoke" if smoke else classes,
+        "classes_selected": len(selected),
+        "runs": runs,
+        "revisions_recorded": sorted({r.get("revision", "?") for r in store.records()}),
+    }
+    summary = report.write_reports(out_dir, store.records(), meta)
+    for g in summary["groups"].values():
+        typer.echo(
+            f"{g['engine']:>8} {g['backend']:>10} {'dynamic' if g['dynamic'] else 'static':>7}: "
+            f"{g['pass']}/{g['total']} pass ({100 * g['pass_rate']:.1f}%), {g['skip']} skip"
+        )
+    if recheck_skips:
+        now_pass = sorted({f"{r['model_class']} ({r['backend']}, {'dynamic' if r['dynamic'] else 'static'})" for r in records if r["outcome"] == "pass"})
+        typer.echo("EXPORT_SKIPS entries that now pass (remove them):" if now_pass else "no EXPORT_SKIPS entry passes yet")
+        for line in now_pass:
+            typer.echo(f"  {line}")
+    if smoke:
+        latest = report.latest(store.records())
+        if update_baseline:
+            smoke_set.write_baseline(latest)
+            typer.echo(f"baseline written: {smoke_set.BASELINE}")
+        else:
+            bad = smoke_set.regressions(latest, smoke_set.load_baseline())
+            if bad:
+                typer.echo("smoke sweep regressions:\n  " + "\n  ".join(bad), err=True)
+                raise typer.Exit(1)
+            typer.echo("smoke sweep: no regression against the baseline")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(sweep)

@@ -1,0 +1,64 @@
+"""Which model classes exist: every class reachable from transformers' Auto mappings."""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+#: the Auto mapping of base models (one class per model type)
+BASE_MAPPING = "MODEL_MAPPING_NAMES"
+
+
+def _names(value: Any) -> list[str]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def auto_mappings() -> dict[str, dict[str, Any]]:
+    """``{mapping name: {model_type: class name(s)}}`` for every ``*_MAPPING_NAMES`` of modeling_auto."""
+    from transformers.models.auto import modeling_auto
+
+    return {n: getattr(modeling_auto, n) for n in dir(modeling_auto) if n.endswith("_MAPPING_NAMES") and isinstance(getattr(modeling_auto, n), dict)}
+
+
+def all_classes() -> dict[str, str]:
+    """Every model class name reachable from an Auto mapping -> its model_type (first mapping wins)."""
+    out: dict[str, str] = {}
+    for mapping in auto_mappings().values():
+        for model_type, value in mapping.items():
+            for name in _names(value):
+                out.setdefault(name, model_type)
+    return out
+
+
+def base_classes() -> dict[str, str]:
+    """One base model class per model type: ``{class name: model_type}``."""
+    out: dict[str, str] = {}
+    for model_type, value in auto_mappings()[BASE_MAPPING].items():
+        out.setdefault(_names(value)[0], model_type)
+    return out
+
+
+def select(classes: dict[str, str], only: str | None = None, shard: str | None = None) -> list[str]:
+    """Class names sorted, filtered by ``only`` (comma-separated fnmatch patterns on the class name or
+    model type) and by ``shard`` ("i/n", 0-based: every n-th class starting at i)."""
+    names = sorted(classes)
+    if only:
+        patterns = [p.strip() for p in only.split(",") if p.strip()]
+        names = [n for n in names if any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(classes[n], p) for p in patterns)]
+    if shard:
+        index, _, count = shard.partition("/")
+        i, n = int(index), int(count)
+        if not 0 <= i < n:
+            raise ValueError(f"--shard {shard}: want i/n with 0 <= i < n")
+        names = names[i::n]
+    return names
+
+
+def resolve(class_name: str) -> type:
+    """The model class object (imported lazily through the transformers top-level namespace)."""
+    import transformers
+
+    cls = getattr(transformers, class_name, None)
+    if cls is None:
+        raise ImportError(f"transformers has no attribute {class_name}")
+    return cls

@@ -1,0 +1,344 @@
+"""One sweep job: (model class, backend, dynamic, engine) -> an outcome record.
+
+:func:`run_job` runs in a process of its own (see :mod:`hf_exporters.sweep.runner`): tiny config,
+inputs, eager, export, runtime, parity. Every failure is caught and recorded with its stage, the
+error kind (:func:`classify`), the source line blamed and a one-line message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+import traceback
+from typing import Any
+
+#: the stages a job goes through, in order (an exporter failure is "exporter <stage title>")
+STAGES = ("tiny config", "inputs", "eager", "exporter", "lowering", "runtime", "parity")
+#: outcomes recorded by the runner when the job's process did not report
+PROCESS_OUTCOMES = ("timeout", "crash", "oom")
+ENGINES = ("ours", "upstream")
+BACKENDS = ("dynamo", "onnx", "executorch")
+
+#: (error kind, pattern on the message or the exception type) — first match wins
+ERROR_KINDS: list[tuple[str, re.Pattern[str]]] = [
+    ("tiny config too large", re.compile(r"tiny config still has", re.I)),
+    ("nondeterministic forward", re.compile(r"nondeterministic forward", re.I)),
+    ("call signature", re.compile(r"missing \d+ required positional argument|unexpected keyword argument|takes \d+ positional argument", re.I)),
+    ("out of memory", re.compile(r"MemoryError|out of memory|Cannot allocate memory|bad_alloc", re.I)),
+    ("data-dependent guard", re.compile(r"data.dependent|GuardOnDataDependentSymNode|unbacked|DataDependentOutputException|Could not extract specialized integer", re.I)),
+    ("specialised axis", re.compile(r"specializ|specialis|Constraints violated|ended static|not in range \[|ConstraintViolation|is not equal to|marked .* as dynamic", re.I)),
+    ("dynamic control flow", re.compile(r"control flow|torch\.cond|Dynamic slicing|GuardOnDataDependent", re.I)),
+    ("unsupported op", re.compile(r"No ONNX function found|DispatchError|not supported|unsupported|no decomposition|NotImplementedError|Could not run '|is not implemented|Missing out variant|operator .* not found|No kernel", re.I)),
+    ("numeric mismatch", re.compile(r"differ from eager beyond|NaN/inf where eager", re.I)),
+    ("output structure mismatch", re.compile(r"returned \d+ outputs where eager|artifact shape .* != eager shape", re.I)),
+    ("onnxruntime error", re.compile(r"ONNXRuntimeError|onnxruntime|\[ONNX", re.I)),
+    ("pytree / output type", re.compile(r"pytree|is not a registered|unflatten|TreeSpec|ModelOutput", re.I)),
+    ("unsupported python in trace", re.compile(r"Unsupported:|graph break|UserError|torch\._dynamo\.exc", re.I)),
+    ("input mismatch", re.compile(r"inputs? (do not|does not) match|Missing input|takes \d+ inputs|requires .* which the sweep", re.I)),
+    ("shape error", re.compile(r"shape|size mismatch|must match the size|dimension|cannot reshape|view size", re.I)),
+    ("dtype error", re.compile(r"dtype|expected scalar type|type mismatch", re.I)),
+    ("missing dependency", re.compile(r"requires the .* library|No module named|ImportError", re.I)),
+    ("config validation", re.compile(r"validation error|validate_architecture|must be a subset|must equal|must match", re.I)),
+    ("timeout", re.compile(r"^timeout", re.I)),
+    ("crash", re.compile(r"killed by signal|exit code", re.I)),
+]
+
+
+def classify(message: str, outcome: str = "fail") -> str:
+    """The error kind of a failure message (see :data:`ERROR_KINDS`); ``other: <ExceptionType>`` otherwise."""
+    if outcome in ("timeout", "oom"):
+        return {"timeout": "timeout", "oom": "out of memory"}[outcome]
+    for kind, pattern in ERROR_KINDS:
+        if pattern.search(message or ""):
+            return kind
+    exc = (message or "").split(":", 1)[0].strip()
+    return f"other: {exc}" if exc and " " not in exc else "other"
+
+
+def _own_blame(error: BaseException) -> str | None:
+    from ..exporters._common import blamed_line
+
+    try:
+        return blamed_line(error)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _first_line(error: BaseException) -> str:
+    from ..exporters._common import first_line
+
+    return first_line(error, limit=300)
+
+
+class _Failed(Exception):
+    def __init__(self, stage: str, error: BaseException, message: str | None = None, blamed: str | None = None):
+        self.stage = stage
+        self.error = error
+        self.message = message or _first_line(error)
+        self.blamed = blamed if blamed is not None else _own_blame(error)
+
+
+def _at(stage: str):  # noqa: ANN202 - a tiny context manager factory
+    import contextlib
+
+    @contextlib.contextmanager
+    def block():  # noqa: ANN202
+        try:
+            yield
+        except _Failed:
+            raise
+        except BaseException as error:  # noqa: BLE001
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise _Failed(stage, error) from error
+
+    return block()
+
+
+def _no_cache(config: Any) -> None:
+    """``use_cache=False`` in the config and its sub-configs: the sweep checks one forward, not generation."""
+    from transformers import PretrainedConfig
+
+    stack = [config]
+    while stack:
+        current = stack.pop()
+        if hasattr(current, "use_cache"):
+            try:
+                current.use_cache = False
+            except Exception:  # noqa: BLE001
+                pass
+        stack.extend(v for v in vars(current).values() if isinstance(v, PretrainedConfig))
+
+
+def build_model(class_name: str) -> Any:
+    """The tiny model of ``class_name`` (seeded, eval mode)."""
+    import torch
+
+    from .classes import resolve
+    from .tiny import MAX_PARAMETERS, parameter_count, tiny_config
+
+    cls = resolve(class_name)
+    config = tiny_config(cls.config_class)
+    _no_cache(config)
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    count = parameter_count(model)
+    if count > MAX_PARAMETERS:
+        raise ValueError(f"tiny config still has {count:,} parameters (limit {MAX_PARAMETERS:,})")
+    return model
+
+
+def _upstream_export(backend: str, model: Any, inputs: dict[str, Any], dynamic: bool) -> Any:
+    from transformers import exporters as upstream
+
+    exporter_cls, config_cls = {
+        "dynamo": (upstream.DynamoExporter, upstream.DynamoConfig),
+        "onnx": (upstream.OnnxExporter, upstream.OnnxConfig),
+        "executorch": (upstream.ExecutorchExporter, upstream.ExecutorchConfig),
+    }[backend]
+    return exporter_cls().export(model, dict(inputs), config_cls(dynamic=dynamic)).program
+
+
+def _upstream_stage(error: BaseException) -> str:
+    """Where an upstream export failed: ``lowering`` when the innermost frames are torch.onnx or
+    executorch.exir, ``exporter trace`` otherwise."""
+    frames: list[traceback.FrameSummary] = []
+    current: BaseException | None = error
+    while current is not None and len(frames) < 2000:
+        frames += traceback.extract_tb(current.__traceback__)
+        current = current.__cause__ or current.__context__
+    files = " ".join(f.filename for f in frames[-30:])
+    if "/torch/onnx/" in files or "/onnxscript/" in files or "/executorch/exir/" in files:
+        if "/torch/export/" not in files and "/torch/_dynamo/" not in files:
+            return "lowering"
+    return "exporter trace"
+
+
+def _exported_program(program: Any) -> Any:
+    import torch
+
+    if isinstance(program, torch.export.ExportedProgram):
+        return program
+    ep = getattr(program, "exported_program", None)
+    if callable(ep):
+        try:
+            ep = ep()
+        except Exception:  # noqa: BLE001
+            return None
+    return ep if isinstance(ep, torch.export.ExportedProgram) else None
+
+
+def _onnx_ir_resized(model: Any, inputs: dict[str, Any], grow: int = 3) -> tuple[Any, list[str]]:
+    """For an ``onnx_ir.Model`` without its ExportedProgram: the inputs with every symbolic graph-input
+    axis grown by ``grow`` (same symbol, same size), and the axes (of size >= 2) that ended static."""
+    from ..runtime.compare import _resize
+    from ..shapes import tensor_leaves
+
+    leaves = tensor_leaves(inputs)
+    by_name = dict(leaves)
+    graph_inputs = list(model.graph.inputs)
+    names = [v.name for v in graph_inputs]
+    pairs = [(n, by_name[n]) for n in names if n in by_name] if all(n in by_name for n in names) else list(zip(names, (t for _, t in leaves)))
+    fixed: list[str] = []
+    sizes: dict[str, int] = {}
+    resized = dict(inputs)
+    for (name, tensor), value in zip(pairs, graph_inputs):
+        shape = value.shape
+        if shape is None:
+            continue
+        for axis, dim in enumerate(shape):
+            if isinstance(dim, int):
+                if tensor.shape[axis] >= 2:
+                    fixed.append(f"{name}[axis {axis}] = {dim}")
+                continue
+            old = int(tensor.shape[axis])
+            if old < 2:
+                continue
+            size = sizes.setdefault(str(dim), old + grow)
+            if name in resized:
+                resized[name] = _resize(resized[name], axis, size).clone()
+    return (resized if sizes else None), fixed
+
+
+def _save(exporter: Any, program: Any, directory: str) -> Any:
+    """Write ``program`` where ``exporter.load_runner`` reads it: upstream's ONNX program is an
+    ``onnx_ir.Model`` (no ``save``), written with ``onnx_ir.save``."""
+    from pathlib import Path
+
+    if exporter.name == "onnx" and not hasattr(program, "save"):
+        import onnx_ir
+
+        path = Path(directory) / exporter.artifact_name
+        onnx_ir.save(program, str(path), external_data=path.name + ".data")
+        return path
+    if exporter.name == "executorch" and not hasattr(program, "buffer") and hasattr(program, "write_to_file"):
+        path = Path(directory) / exporter.artifact_name
+        with open(path, "wb") as handle:
+            program.write_to_file(handle)
+        return path
+    return exporter.save(program, directory)
+
+
+def _probe(kind: str) -> None:
+    """Test seams for the runner: a job that crashes, hangs or eats memory on purpose."""
+    if kind == "crash":
+        import faulthandler
+
+        faulthandler.disable()  # no stack dump on the way down: the crash is the point
+        os.abort()
+    if kind == "hang":
+        time.sleep(3600)
+    if kind == "oom":
+        hog = []
+        while True:
+            hog.append(bytearray(64 * 1024 * 1024))
+            for i in range(0, len(hog[-1]), 4096):
+                hog[-1][i] = 1
+    if kind == "raise":
+        raise RuntimeError("Could not guard on data-dependent expression u0 > 0 (probe)")
+
+
+def run_job(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one job and return its record (never raises for a model failure).
+
+    ``spec``: ``class``, ``backend``, ``dynamic``, ``engine`` ("ours" | "upstream"), optional ``probe``.
+    """
+    started = time.perf_counter()
+    record: dict[str, Any] = {"outcome": "fail", "stage": None, "kind": None, "blamed": None, "message": None}
+    try:
+        if spec.get("probe"):
+            with _at("eager"):
+                _probe(spec["probe"])
+        _run(spec, record)
+        record["outcome"] = "pass"
+    except _Failed as failed:
+        record.update(stage=failed.stage, message=failed.message, blamed=failed.blamed, kind=classify(failed.message))
+        if isinstance(failed.error, MemoryError):
+            record["outcome"], record["kind"] = "oom", "out of memory"
+    record["seconds"] = round(time.perf_counter() - started, 2)
+    return record
+
+
+def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
+    import torch
+
+    from ..errors import ExportStageError, ParityError
+    from ..pipeline import make_config, make_exporter
+    from ..runtime.compare import compare_leaves, eager_outputs, resized_inputs, ParityReport, _shapes
+    from ..shapes import auto_dynamic_shapes, clone_tree, static_axes
+    from .inputs import build_inputs
+
+    backend, dynamic, engine = spec["backend"], bool(spec["dynamic"]), spec.get("engine", "ours")
+    torch.set_num_threads(int(os.environ.get("HF_EXPORTERS_SWEEP_THREADS", "1")))
+    with _at("tiny config"):
+        model = build_model(spec["class"])
+        record["parameters"] = sum(p.numel() for p in model.parameters())
+    with _at("inputs"):
+        inputs = build_inputs(model)
+        record["inputs"] = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    with _at("eager"):
+        first = eager_outputs(model, inputs)
+        second = eager_outputs(model, inputs)
+        if len(first) != len(second) or any(
+            a.shape != b.shape or not torch.equal(a, b) for (_, a), (_, b) in zip(first, second)
+        ):
+            raise RuntimeError("nondeterministic forward: two eager runs on the same inputs differ (sampling or dropout in forward)")
+
+    ours = make_exporter(backend)  # our save / runtime runner serve both engines: the same check
+    if engine == "ours":
+        try:
+            program = ours.export(model, inputs, make_config(ours, dynamic, None))
+        except ExportStageError as error:
+            stage = "lowering" if error.stage.startswith(("lowering", "serialisation")) else f"exporter {error.stage}"
+            raise _Failed(stage, error, error.detail, error.blamed) from error
+        except Exception as error:  # noqa: BLE001
+            raise _Failed("exporter", error) from error
+        ep = ours.exported_program
+    else:
+        try:
+            program = _upstream_export(backend, model, inputs, dynamic)
+        except Exception as error:  # noqa: BLE001
+            raise _Failed(_upstream_stage(error), error) from error
+        ep = _exported_program(program)
+
+    input_sets = [inputs]
+    if dynamic and ep is not None:
+        requested = auto_dynamic_shapes(inputs)
+        fixed = static_axes(ep, inputs, requested)
+        record["static_axes"] = [str(a) for a in fixed]
+        second = resized_inputs(ep, inputs)
+        if second is not None:
+            input_sets.append(second)
+        if fixed:
+            message = "axes asked to be dynamic ended static: " + ", ".join(map(str, fixed[:4]))
+            raise _Failed("exporter dynamic shapes", ValueError(message), f"ValueError: {message}", None)
+
+    if dynamic and ep is None and hasattr(program, "graph") and hasattr(program.graph, "inputs"):
+        second, fixed = _onnx_ir_resized(program, inputs)
+        record["static_axes"] = fixed
+        if second is not None:
+            input_sets.append(second)
+        if fixed:
+            message = "axes asked to be dynamic ended static: " + ", ".join(fixed[:4])
+            raise _Failed("exporter dynamic shapes", ValueError(message), f"ValueError: {message}", None)
+
+    with tempfile.TemporaryDirectory(prefix="hf-sweep-") as tmp, _at("runtime"):
+        artifact = _save(ours, program, tmp)
+        runner = ours.load_runner(artifact)
+        worst = 0.0
+        for inputs_set in input_sets:
+            expected = eager_outputs(model, inputs_set)
+            actual = runner(clone_tree(inputs_set))
+            try:
+                report = ParityReport(_shapes(inputs_set), compare_leaves(expected, actual, ours.default_atol), ours.default_atol)
+            except ParityError as error:
+                raise _Failed("parity", error) from error
+            worst = max(worst, report.max_abs_diff)
+            record["max_abs_diff"] = worst
+            if not report.ok:
+                message = f"ParityError: {report.describe_failure()}"
+                raise _Failed("parity", ParityError(message), message[:300], None)
+        record["atol"] = ours.default_atol
+        record["input_sets"] = len(input_sets)

@@ -1,0 +1,45 @@
+"""The CI smoke sweep: about 20 classes across families, and the baseline of their expected outcomes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+#: family -> base model classes (one per model type) chosen to cover it
+SMOKE_CLASSES: dict[str, list[str]] = {
+    "encoder": ["BertModel", "RobertaModel", "DistilBertModel"],
+    "decoder": ["LlamaModel", "GPT2Model", "Qwen2Model", "Gemma2Model"],
+    "encoder-decoder": ["T5Model", "BartModel"],
+    "vision": ["ViTModel", "ResNetModel", "SwinModel"],
+    "audio": ["WhisperModel", "Wav2Vec2Model"],
+    "multimodal": ["CLIPModel", "SiglipModel"],
+    "mixture-of-experts": ["MixtralModel", "Qwen2MoeModel"],
+    "state-space": ["MambaModel", "Mamba2Model"],
+}
+BASELINE = Path(__file__).with_name("smoke_baseline.json")
+
+
+def smoke_classes() -> list[str]:
+    return [c for classes in SMOKE_CLASSES.values() for c in classes]
+
+
+def load_baseline(path: Path = BASELINE) -> dict[str, str]:
+    """``{job key: expected outcome}``."""
+    return json.loads(path.read_text())["expected"] if path.exists() else {}
+
+
+def write_baseline(records: list[dict[str, Any]], path: Path = BASELINE) -> None:
+    expected = {r["key"]: r["outcome"] for r in records}
+    path.write_text(json.dumps({"comment": "written by `hf-exporters sweep --smoke --update-baseline`", "expected": dict(sorted(expected.items()))}, indent=2) + "\n")
+
+
+def regressions(records: list[dict[str, Any]], baseline: dict[str, str]) -> list[str]:
+    """Jobs the baseline expects to pass that did not."""
+    got = {r["key"]: r for r in records}
+    out = []
+    for key, expected in sorted(baseline.items()):
+        record = got.get(key)
+        if expected == "pass" and record is not None and record["outcome"] != "pass":
+            out.append(f"{key}: expected pass, got {record['outcome']} at {record.get('stage')}: {record.get('message')}")
+    return out

@@ -1,0 +1,229 @@
+"""Tiny configs for every config class, built generically from the class's defaults.
+
+The defaults of a config class describe a full-size checkpoint. :func:`tiny_config` shrinks widths,
+depths, head counts (keeping divisibility and the query/key-value head ratio), vocabularies, expert
+counts, image and audio sizes, in the config and in every sub-config (text, vision, audio, backbone),
+and keeps the fields that select a code path (attention kind, rope scaling, layer types, experts).
+
+Where the generic rule cannot serve a family, :data:`FAMILY_OVERRIDES` sets fields by hand; each
+entry says why.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+#: width every hidden size becomes (divisible by :data:`HEADS`; head_dim = WIDTH // HEADS)
+WIDTH = 64
+FFN = 128
+HEADS = 4
+HEAD_DIM = WIDTH // HEADS
+LAYERS = 2
+VOCAB = 256
+POSITIONS = 128
+EXPERTS = 4
+#: a model whose tiny config still has more parameters than this is refused (tiny config stage)
+MAX_PARAMETERS = 40_000_000
+
+_WIDTH_KEYS = {
+    "hidden_size", "d_model", "n_embd", "n_embed", "embed_dim", "dim", "d_embed", "model_dim",
+    "word_embed_proj_dim", "embedding_size", "projection_dim", "encoder_hidden_size", "text_embed_dim",
+    "vision_embed_dim", "hidden_dim_size", "proj_dim", "output_hidden_size", "classifier_proj_size",
+    "d_inner_embed", "projection_hidden_size", "text_hidden_size", "vision_hidden_size",
+}
+_FFN_KEYS = {
+    "intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner", "d_ff", "hidden_dim",
+    "decoder_intermediate_size", "ff_dim", "inner_dim", "feed_forward_size", "mlp_dim", "dim_feedforward",
+    "encoder_ffn_size", "decoder_ffn_size",
+}
+_SMALL_FFN_KEYS = {"moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"}
+_LAYER_KEYS = {
+    "num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
+    "num_decoder_layers", "num_encoder_layers", "decoder_num_layers", "encoder_num_layers",
+    "num_text_layers", "num_vision_layers",
+}
+_HEAD_KEYS = {
+    "num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads",
+    "decoder_num_attention_heads", "num_decoder_attention_heads", "encoder_num_attention_heads",
+}
+_KV_HEAD_KEYS = {"num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "decoder_num_key_value_heads"}
+_VOCAB_KEYS = {"vocab_size", "text_vocab_size", "decoder_vocab_size", "target_vocab_size", "src_vocab_size", "tgt_vocab_size"}
+_POSITION_KEYS = {"max_position_embeddings", "n_positions", "max_target_positions", "n_ctx", "max_seq_len", "max_sequence_length"}
+_EXPERT_KEYS = {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts"}
+_TOPK_KEYS = {"num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k"}
+#: multi-head latent attention (DeepSeek-V2/V3 and descendants)
+_MLA = {"kv_lora_rank": 32, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "qk_head_dim": 16}
+
+#: model_type -> (fields to set after the generic rule, why the generic rule cannot serve the family)
+FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
+    "whisper": (
+        {"max_source_positions": 32},
+        "the encoder requires exactly 2 * max_source_positions input frames; 32 keeps the inputs small",
+    ),
+    "qwen2_vl": (
+        {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}},
+        "mrope_section must sum to head_dim / 2 (8 with the tiny head_dim of 16)",
+    ),
+    "qwen2_5_vl": (
+        {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}},
+        "mrope_section must sum to head_dim / 2 (8 with the tiny head_dim of 16)",
+    ),
+    "deberta-v2": (
+        {"position_buckets": 16},
+        "relative position buckets must not exceed max_position_embeddings after shrinking",
+    ),
+}
+
+
+def _is_subconfig(value: Any) -> bool:
+    return isinstance(value, dict) and "model_type" in value
+
+
+def _scale_list(values: list[Any], target_first: int) -> list[Any]:
+    """A list of widths scaled so its first entry is ``target_first``, keeping the ratios between entries."""
+    first = values[0] or 1
+    return [max(1, int(round(v * target_first / first))) for v in values]
+
+
+def _layer_selection(layer_types: list[Any]) -> list[int]:
+    """Indices of the first layer of each kind, at least :data:`LAYERS` of them."""
+    chosen: list[int] = []
+    seen = set()
+    for i, kind in enumerate(layer_types):
+        key = repr(kind)
+        if key not in seen:
+            seen.add(key)
+            chosen.append(i)
+    for i in range(len(layer_types)):
+        if len(chosen) >= LAYERS:
+            break
+        if i not in chosen:
+            chosen.append(i)
+    return sorted(chosen)
+
+
+def shrink(fields: dict[str, Any]) -> dict[str, Any]:
+    """The generic rule on one level of a config's ``to_dict()`` (sub-configs recursively)."""
+    d = copy.deepcopy(fields)
+    old_heads = next((d[k] for k in _HEAD_KEYS if isinstance(d.get(k), int) and d[k] > 0), None)
+    old_layers = next((d[k] for k in _LAYER_KEYS if isinstance(d.get(k), int) and d[k] > 0), None)
+
+    # layers: keep one layer of each kind in layer_types (and per-layer lists in step)
+    selection: list[int] | None = None
+    if isinstance(d.get("layer_types"), list) and d["layer_types"]:
+        selection = _layer_selection(d["layer_types"])
+    elif old_layers:
+        selection = list(range(min(old_layers, LAYERS)))
+    for key in _LAYER_KEYS:
+        if isinstance(d.get(key), int) and d[key] > 0 and selection is not None:
+            d[key] = len(selection) if d[key] == old_layers else min(d[key], LAYERS)
+    if selection is not None and old_layers:
+        for key, value in list(d.items()):
+            if isinstance(value, list) and len(value) == old_layers and key not in ("hidden_sizes", "depths"):
+                d[key] = [value[i] for i in selection if i < len(value)]
+    if isinstance(d.get("first_k_dense_replace"), int):
+        d["first_k_dense_replace"] = min(d["first_k_dense_replace"], 1)
+
+    for key, value in list(d.items()):
+        if isinstance(value, bool) or value is None:
+            continue
+        if _is_subconfig(value):
+            d[key] = shrink(value)
+        elif key in _WIDTH_KEYS and isinstance(value, int) and value > WIDTH:
+            d[key] = WIDTH
+        elif key in _FFN_KEYS and isinstance(value, int) and value > FFN:
+            d[key] = FFN
+        elif key in _SMALL_FFN_KEYS and isinstance(value, int) and value > 32:
+            d[key] = 32
+        elif key in _HEAD_KEYS and isinstance(value, int) and value > HEADS:
+            d[key] = HEADS
+        elif key in _VOCAB_KEYS and isinstance(value, int) and value > VOCAB:
+            d[key] = VOCAB
+        elif key in _POSITION_KEYS and isinstance(value, int) and value > POSITIONS:
+            d[key] = POSITIONS
+        elif key == "max_source_positions" and isinstance(value, int) and value > 64:
+            d[key] = 64
+        elif key in _EXPERT_KEYS and isinstance(value, int) and value > EXPERTS:
+            d[key] = EXPERTS
+        elif key in _TOPK_KEYS and isinstance(value, int) and value > 2:
+            d[key] = 2
+        elif key in _MLA and isinstance(value, int):
+            d[key] = _MLA[key]
+        elif key == "head_dim" and isinstance(value, int) and value > HEAD_DIM:
+            d[key] = HEAD_DIM
+        elif key in ("hidden_sizes", "embed_dims", "conv_dim", "dims", "hidden_dims", "neck_hidden_sizes") and isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+            d[key] = _scale_list(value, 16) if key != "conv_dim" else [32] * len(value)
+        elif key == "depths" and isinstance(value, list) and all(isinstance(v, int) for v in value):
+            d[key] = [1] * len(value)
+        elif key == "num_heads" and isinstance(value, list) and all(isinstance(v, int) for v in value):
+            d[key] = [min(v, 2**i) for i, v in enumerate(value)]
+        elif key == "num_heads" and isinstance(value, int) and value > HEADS:
+            d[key] = HEADS
+        elif key == "image_size":
+            patch = d.get("patch_size")
+            patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+            side = max(2 * patch, 32) if isinstance(patch, int) and patch > 0 else 64
+            if isinstance(value, int) and value > side:
+                d[key] = side
+            elif isinstance(value, (list, tuple)) and all(isinstance(v, int) and v > side for v in value):
+                d[key] = [side] * len(value)
+        elif key == "num_conv_pos_embeddings" and isinstance(value, int) and value > 16:
+            d[key] = 16
+        elif key.endswith(("_token_id", "_token_index")) and isinstance(value, int) and value >= VOCAB:
+            d[key] = VOCAB - 1 - (value % 32)
+
+    # fields derived from the depth: regenerated by the config class from the new depth
+    if selection is not None and old_layers and len(selection) != old_layers:
+        for key in ("out_features", "out_indices", "stage_names"):
+            d.pop(key, None)
+        kept = set(range(len(selection)))
+        for key, value in list(d.items()):
+            if isinstance(value, dict) and value and all(str(k).lstrip("-").isdigit() for k in value):
+                d[key] = {k: v for k, v in value.items() if int(k) in kept}
+    # state-space blocks: heads * head_dim must equal expand * hidden_size
+    width = d.get("hidden_size") if isinstance(d.get("hidden_size"), int) else None
+    if width and isinstance(d.get("expand"), int) and isinstance(d.get("num_heads"), int) and isinstance(d.get("head_dim"), int):
+        d["num_heads"] = max(1, width * d["expand"] // d["head_dim"])
+    if width and isinstance(d.get("mamba_expand"), int) and isinstance(d.get("mamba_n_heads"), int):
+        d["mamba_n_heads"] = HEADS
+        d["mamba_d_head"] = width * d["mamba_expand"] // HEADS
+    if isinstance(d.get("mamba_d_state"), int) and d["mamba_d_state"] > 16:
+        d["mamba_d_state"] = 16
+
+    # query / key-value head ratio
+    new_heads = next((d[k] for k in _HEAD_KEYS if isinstance(d.get(k), int) and d[k] > 0), None)
+    for key in _KV_HEAD_KEYS:
+        kv = d.get(key)
+        if isinstance(kv, int) and kv > 0 and old_heads and new_heads:
+            ratio = max(1, old_heads // kv)
+            new_kv = max(1, new_heads // ratio)
+            while new_heads % new_kv:
+                new_kv -= 1
+            d[key] = new_kv
+    # an explicit head_dim smaller than WIDTH/HEADS stays; a missing one follows from the width
+    return d
+
+
+def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> Any:
+    """A tiny instance of ``config_class``: its defaults, shrunk by :func:`shrink`, then the family's
+    :data:`FAMILY_OVERRIDES` and ``overrides``.
+
+    Raises:
+        Exception: whatever the config class raises on its defaults or on the shrunk fields.
+    """
+    default = config_class()
+    fields = shrink(default.to_dict())
+    model_type = getattr(config_class, "model_type", "")
+    if model_type in FAMILY_OVERRIDES:
+        fields.update(copy.deepcopy(FAMILY_OVERRIDES[model_type][0]))
+    if overrides:
+        fields.update(overrides)
+    for key in ("transformers_version", "architectures", "_name_or_path", "model_type", "id2label", "label2id"):
+        fields.pop(key, None)
+    fields["num_labels"] = 3
+    return config_class(**fields)
+
+
+def parameter_count(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,204 @@
+"""The sweep: tiny configs, isolated jobs (crash, hang, out-of-memory), resume, error kinds, reports."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import transformers  # noqa: E402
+
+from hf_exporters import known_issues  # noqa: E402
+from hf_exporters.sweep import classes, report, runner, smoke, tiny  # noqa: E402
+from hf_exporters.sweep.job import classify, run_job  # noqa: E402
+
+# ── Tiny configs ─────────────────────────────────────────────────────────────
+
+
+def test_tiny_config_keeps_the_key_value_head_ratio() -> None:
+    config = tiny.tiny_config(transformers.MistralConfig)  # 32 query heads, 8 key/value heads: ratio 4
+    assert config.hidden_size == tiny.WIDTH and config.num_hidden_layers == tiny.LAYERS
+    assert config.num_attention_heads == tiny.HEADS and config.num_key_value_heads == 1
+    assert config.hidden_size % config.num_attention_heads == 0
+    assert config.vocab_size == tiny.VOCAB and config.max_position_embeddings <= tiny.POSITIONS
+
+
+def test_tiny_config_keeps_one_layer_of_each_kind() -> None:
+    config = tiny.tiny_config(transformers.Gemma2Config)
+    assert set(config.layer_types) == {"sliding_attention", "full_attention"}
+    assert len(config.layer_types) == config.num_hidden_layers
+
+
+def test_tiny_config_keeps_experts_and_routing() -> None:
+    default = transformers.MixtralConfig()
+    config = tiny.tiny_config(transformers.MixtralConfig)
+    assert config.num_local_experts == tiny.EXPERTS and config.num_experts_per_tok == default.num_experts_per_tok == 2
+
+
+def test_tiny_config_shrinks_sub_configs_and_images() -> None:
+    config = tiny.tiny_config(transformers.CLIPConfig)
+    assert config.text_config.hidden_size == tiny.WIDTH and config.vision_config.hidden_size == tiny.WIDTH
+    assert config.vision_config.image_size % config.vision_config.patch_size == 0
+    assert config.vision_config.image_size < transformers.CLIPVisionConfig().image_size
+
+
+def test_tiny_config_family_override_is_applied_with_a_reason() -> None:
+    config = tiny.tiny_config(transformers.WhisperConfig)
+    assert config.max_source_positions == tiny.FAMILY_OVERRIDES["whisper"][0]["max_source_positions"]
+    assert all(reason.strip() for _, reason in tiny.FAMILY_OVERRIDES.values())
+
+
+def test_tiny_models_run_eager() -> None:
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    for name in ("BertModel", "T5Model", "ViTModel"):
+        model = build_model(name)
+        inputs = build_inputs(model)
+        model(**inputs)
+        assert sum(p.numel() for p in model.parameters()) < 2_000_000
+    assert "decoder_input_ids" in build_inputs(build_model("T5Model"))
+
+
+def test_classes_come_from_the_auto_mappings() -> None:
+    base = classes.base_classes()
+    assert base["BertModel"] == "bert" and len(classes.all_classes()) > len(base)
+    assert classes.select(base, only="bert") == ["BertModel"]
+    shards = [classes.select(base, shard=f"{i}/3") for i in range(3)]
+    assert sorted(sum(shards, [])) == sorted(base)
+
+
+# ── Isolated jobs ────────────────────────────────────────────────────────────
+
+
+def test_a_crash_a_hang_and_an_oom_are_recorded_as_such() -> None:
+    spec = {"class": "BertModel", "backend": "dynamo", "dynamic": False}
+    crashed = runner.run_forked({**spec, "probe": "crash"}, timeout=30, memory_bytes=2**31)
+    assert crashed["outcome"] == "crash" and "SIGABRT" in crashed["message"]
+    hung = runner.run_forked({**spec, "probe": "hang"}, timeout=1.5, memory_bytes=2**31)
+    assert hung["outcome"] == "timeout" and hung["kind"] == "timeout"
+    hog = runner.run_forked({**spec, "probe": "oom"}, timeout=30, memory_bytes=300 * 2**20)
+    assert hog["outcome"] == "oom" and hog["kind"] == "out of memory"
+    failed = runner.run_forked({**spec, "probe": "raise"}, timeout=30, memory_bytes=2**31)
+    assert failed["outcome"] == "fail" and failed["kind"] == "data-dependent guard" and failed["stage"] == "eager"
+
+
+def test_a_crash_never_loses_another_jobs_result(tmp_path: Path) -> None:
+    store = runner.ResultStore(tmp_path / "results.jsonl", {"torch": "x"}, "rev1")
+    specs = [
+        {"class": "A", "backend": "dynamo", "dynamic": False, "engine": "ours", "probe": "crash"},
+        {"class": "B", "backend": "dynamo", "dynamic": False, "engine": "ours", "probe": "raise"},
+        {"class": "C", "backend": "dynamo", "dynamic": False, "engine": "ours", "skip": "[all] model-side: needs X"},
+    ]
+    runner.run_jobs(specs, store, jobs=1, timeout=60, progress=False)
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    outcomes = {json.loads(line)["model_class"]: json.loads(line)["outcome"] for line in lines}
+    assert outcomes == {"A": "crash", "B": "fail", "C": "skip"}
+
+
+def test_resume_skips_jobs_done_under_the_same_versions_and_revision(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    spec = {"class": "BertModel", "backend": "onnx", "dynamic": True, "engine": "ours"}
+    old = runner.ResultStore(path, {"torch": "1"}, "rev1")
+    old.append({"key": runner.job_key(spec), "outcome": "pass", "versions": {"torch": "1"}, "revision": "rev1"})
+    assert runner.ResultStore(path, {"torch": "1"}, "rev1").done() == {"ours|onnx|dynamic|BertModel"}
+    assert runner.ResultStore(path, {"torch": "1"}, "rev2").done() == set()
+    assert runner.ResultStore(path, {"torch": "2"}, "rev1").done() == set()
+    with open(path, "a") as handle:  # a line cut by a kill does not break the resume
+        handle.write('{"key": "cut')
+    assert len(runner.ResultStore(path, {"torch": "1"}, "rev1").records()) == 1
+
+
+# ── Classification ───────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        ("GuardOnDataDependentSymNode: Could not guard on data-dependent expression Eq(u0, 1)", "data-dependent guard"),
+        ("DispatchError: No ONNX function found for <OpOverload(op='prims.zeta')>", "unsupported op"),
+        ("ValueError: axes asked to be dynamic ended static: input_ids[axis 1] = 8", "specialised axis"),
+        ("ParityError: outputs differ from eager beyond atol=0.001 for inputs {}: x: max abs diff 0.1", "numeric mismatch"),
+        ("ParityError: the artifact returned 2 outputs where eager returns 3 (a, b, c)", "output structure mismatch"),
+        ("RuntimeError: [ONNXRuntimeError] : 1 : FAIL : Load model failed", "onnxruntime error"),
+        ("KeyError: 'foo'", "other: KeyError"),
+    ],
+)
+def test_error_kinds(message: str, kind: str) -> None:
+    assert classify(message) == kind
+
+
+def test_a_job_records_stage_kind_and_message() -> None:
+    record = run_job({"class": "NoSuchModelClass", "backend": "dynamo", "dynamic": False})
+    assert record["outcome"] == "fail" and record["stage"] == "tiny config"
+    assert record["message"].startswith("ImportError") and record["kind"]
+
+
+# ── EXPORT_SKIPS ─────────────────────────────────────────────────────────────
+
+
+def test_export_skips_are_scoped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(known_issues.EXPORT_SKIPS, "onnx.dynamic", {"FooModel": "model-side: the mask uses .item()"})
+    monkeypatch.setitem(known_issues.EXPORT_SKIPS, "all", {"BarModel": "model-side: forward needs X"})
+    assert known_issues.skip_reason("FooModel", "onnx", True).startswith("[onnx.dynamic]")
+    assert known_issues.skip_reason("FooModel", "onnx", False) is None
+    assert known_issues.skip_reason("FooModel", "dynamo", True) is None
+    assert known_issues.skip_reason("BarModel", "executorch", False).startswith("[all]")
+    specs = runner.plan([("FooModel", "foo")], ["onnx"], ["ours"], [False, True], known_issues.skip_reason)
+    assert [bool(s.get("skip")) for s in specs] == [False, True]
+    rechecked = runner.plan([("FooModel", "foo")], ["onnx"], ["ours"], [True], known_issues.skip_reason, recheck_skips=True)
+    assert rechecked[0].get("recheck") and not rechecked[0].get("skip")
+
+
+def test_every_export_skip_names_the_model_side_change() -> None:
+    for scope, entries in known_issues.EXPORT_SKIPS.items():
+        assert scope in known_issues.SKIP_SCOPES
+        for model_class, reason in entries.items():
+            assert "model-side" in reason, f"{scope}/{model_class}: {reason!r} names no model-side change"
+
+
+# ── Reports ──────────────────────────────────────────────────────────────────
+
+
+def _record(engine: str, backend: str, dynamic: bool, cls: str, outcome: str, stage: str | None = None, kind: str | None = None) -> dict:
+    return {
+        "key": f"{engine}|{backend}|{'dynamic' if dynamic else 'static'}|{cls}",
+        "engine": engine, "backend": backend, "dynamic": dynamic, "model_class": cls, "outcome": outcome,
+        "stage": stage, "kind": kind, "message": f"{kind}: example" if kind else None,
+    }
+
+
+def test_reports_from_a_synthetic_results_file(tmp_path: Path) -> None:
+    records = [
+        _record("ours", "onnx", False, "A", "pass"),
+        _record("ours", "onnx", False, "B", "fail", "lowering", "unsupported op"),
+        _record("ours", "onnx", False, "B", "pass"),  # a rerun replaces the earlier record
+        _record("ours", "onnx", False, "C", "skip"),
+        _record("ours", "onnx", False, "D", "timeout", "timeout", "timeout"),
+        _record("upstream", "onnx", False, "A", "fail", "exporter trace", "data-dependent guard"),
+        _record("upstream", "onnx", False, "B", "pass"),
+        _record("upstream", "onnx", False, "D", "pass"),
+    ]
+    summary = report.write_reports(tmp_path, records, {"classes_total": 10, "base_classes_total": 5, "versions": {"transformers": "x"}})
+    ours = summary["groups"]["ours|onnx|static"]
+    assert (ours["total"], ours["pass"], ours["skip"], ours["fail"]) == (4, 2, 1, 1)
+    assert ours["failures_by_stage"] == {"timeout": 1} and ours["pass_rate"] == 0.5
+    assert summary["engine_differences"] == {
+        "ours_pass_upstream_fails": ["A (onnx, static)"],
+        "upstream_pass_ours_fails": ["D (onnx, static)"],
+    }
+    text = (tmp_path / "report.md").read_text()
+    assert "| ours | onnx | static | 4 | 2 | 1 | 1 | 50.0% |" in text and "data-dependent guard" in text
+    assert (tmp_path / "pass_rates.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert json.loads((tmp_path / "summary.json").read_text())["classes_run"] == 4
+
+
+def test_smoke_regressions_against_the_baseline() -> None:
+    assert 18 <= len(smoke.smoke_classes()) <= 24
+    baseline = {"ours|onnx|static|A": "pass", "ours|onnx|static|B": "fail"}
+    records = [_record("ours", "onnx", False, "A", "fail", "parity", "numeric mismatch"), _record("ours", "onnx", False, "B", "pass")]
+    assert [r.split(":")[0] for r in smoke.regressions(records, baseline)] == ["ours|onnx|static|A"]
