@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-slow bench clean
+.PHONY: demo test smoke test-slow bench clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,12 +25,21 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
+	$(MAKE) smoke
+
+# The CI smoke sweep: ~20 classes across families through every backend, fresh each time; fails when a
+# job the baseline (src/hf_exporters/sweep/smoke_baseline.json) expects to pass does not.
+smoke: $(STAMP)
+	rm -rf out/smoke-sweep
+	$(VENV)/bin/hf-exporters sweep --smoke --backend dynamo,onnx,executorch --shapes static --jobs 2 --timeout 180 --no-resume --no-progress --output out/smoke-sweep
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/export_time.py
+	$(PY) benchmarks/executorch_latency.py
+	$(PY) benchmarks/onnx_latency.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
