@@ -46,6 +46,14 @@ def export(
     try:
         make_exporter(backend)  # an unknown backend or a missing extra fails before the model loads
         path = Path(model) if model else default_model_path()
+        if task in ("text-generation", "text2text-generation"):
+            from .generation import export_generation_folder
+
+            # generation exports are always dynamic: prefill and decode graphs serve every length
+            manifest = export_generation_folder(path, backend, output, recipe=recipe, validate=validate, overwrite=overwrite)
+            parts = ", ".join(f"{name} ({part['file']})" for name, part in manifest["parts"].items())
+            typer.echo(f"exported {manifest['model_class']} for generation with {backend} to {output}: {parts}")
+            return
         loaded, preprocessor, task_name = load_checkpoint(path, task)
         inputs = build_inputs(loaded, preprocessor)
         manifest = export_to_folder(

@@ -1,0 +1,322 @@
+"""Generation from exported graphs: greedy token ids equal eager ``generate()``.
+
+Each check exports a tiny model's generation parts with one backend, writes the artifact folder,
+loads it with ``ExportedGenerator.from_pretrained`` and compares the ids of 8 new tokens with eager
+``model.generate()`` on the export inputs and on inputs of another batch size / length.
+Default subset: Llama on the three backends, T5 on dynamo, folder checks, CLI. The rest is ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import transformers as tf
+
+from hf_exporters.errors import InputError, ManifestError
+from hf_exporters.generation import ExportedGenerator, build_parts, export_for_generation, read_manifest
+from hf_exporters.pipeline import make_config, make_exporter
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+NEW_TOKENS = 8
+TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+
+
+def _spread_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Re-draw every weight with a wider spread: a tiny randomly initialised model otherwise tends to
+    repeat one token, which would make equal ids a weak check."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return model.eval()
+
+
+def _text_inputs(batch: int, seq: int, pad_left: int = 0, pad_right: int = 0, seed: int = 0) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 64, (batch, seq), generator=generator)
+    mask = torch.ones_like(ids)
+    if batch > 1 and pad_left:
+        mask[1, :pad_left] = 0
+        ids[1, :pad_left] = 0
+    if batch > 1 and pad_right:
+        mask[1, -pad_right:] = 0
+        ids[1, -pad_right:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def llama():
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(**TINY, eos_token_id=None))
+    return _spread_weights(model), [_text_inputs(2, 6, pad_left=2), _text_inputs(1, 9, seed=1)]
+
+
+def qwen3():
+    model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**TINY, head_dim=8, eos_token_id=None))
+    return _spread_weights(model), [_text_inputs(2, 6, pad_left=2), _text_inputs(1, 9, seed=1)]
+
+
+def gemma3_text():
+    config = tf.Gemma3TextConfig(**TINY, head_dim=8, sliding_window=4, eos_token_id=None, pad_token_id=0)
+    model = tf.Gemma3ForCausalLM(config)
+    return _spread_weights(model), [_text_inputs(1, 6), _text_inputs(1, 9, seed=1)]
+
+
+def phi3():
+    model = tf.Phi3ForCausalLM(tf.Phi3Config(**TINY, pad_token_id=0, eos_token_id=None))
+    return _spread_weights(model), [_text_inputs(2, 6, pad_left=2), _text_inputs(1, 9, seed=1)]
+
+
+def mistral_sliding():
+    """sliding_window=4 with 6-9 prompt tokens and 8 new ones: generation runs far past the window."""
+    model = tf.MistralForCausalLM(tf.MistralConfig(**TINY, sliding_window=4, eos_token_id=None))
+    return _spread_weights(model), [_text_inputs(1, 6), _text_inputs(1, 9, seed=1)]
+
+
+def mixtral():
+    model = tf.MixtralForCausalLM(tf.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2, eos_token_id=None))
+    return _spread_weights(model), [_text_inputs(2, 6, pad_left=2), _text_inputs(1, 9, seed=1)]
+
+
+def t5():
+    """H10: a padded batch; the encoder mask must reach the encoder and the cross-attention."""
+    config = tf.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=None)
+    model = tf.T5ForConditionalGeneration(config)
+    return _spread_weights(model), [_text_inputs(2, 6, pad_right=2), _text_inputs(1, 9, seed=1)]
+
+
+def bart():
+    config = tf.BartConfig(
+        vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, eos_token_id=None, forced_eos_token_id=None,
+        forced_bos_token_id=None, decoder_start_token_id=2, pad_token_id=1,
+    )
+    model = tf.BartForConditionalGeneration(config)
+    return _spread_weights(model), [_text_inputs(2, 6, pad_right=2), _text_inputs(1, 9, seed=1)]
+
+
+def whisper():
+    """H9: speech encoder (log-mel features) + decoder with an encoder-decoder cache."""
+    config = tf.WhisperConfig(
+        vocab_size=64, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8, max_source_positions=16, max_target_positions=32,
+        decoder_start_token_id=1, pad_token_id=0, eos_token_id=None, bos_token_id=1, begin_suppress_tokens=None, suppress_tokens=None,
+    )
+    model = tf.WhisperForConditionalGeneration(config)
+    generator = torch.Generator().manual_seed(0)
+    # exported from a batch of 2: from a batch-1 example the exported decoder keeps batch 1 (see the report)
+    features = [{"input_features": torch.randn(b, 8, 32, generator=generator)} for b in (2, 1)]
+    return _spread_weights(model), features
+
+
+MODELS = {
+    "llama": llama,
+    "qwen3": qwen3,
+    "gemma3_text": gemma3_text,
+    "phi3": phi3,
+    "mistral_sliding": mistral_sliding,
+    "mixtral": mixtral,
+    "t5": t5,
+    "bart": bart,
+    "whisper": whisper,
+}
+FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo")}
+#: (model, backend) pairs that cannot pass for a reason outside the project: strict xfail with the reason
+_SDPA_GQA = (
+    "onnxscript aten_scaled_dot_product_attention_23 asserts q_num_heads == kv_num_heads when the head count "
+    "is symbolic (4//batch after repeat_kv with a Dim.AUTO batch); open: shared batch dim in generation.py"
+)
+_ET_SEQ2SEQ = (
+    "to_edge_transform_and_lower re-traces the decoder graph (run_decompositions) and loses the equality of the "
+    "Dim.AUTO self-attention cache lengths (bmm 's64 + 1' vs 's81 + 1'); open: shared past dim in generation.py"
+)
+XFAIL: dict[tuple[str, str], str] = {
+    ("mistral_sliding", "onnx"): _SDPA_GQA,
+    ("gemma3_text", "onnx"): _SDPA_GQA,
+    ("t5", "executorch"): _ET_SEQ2SEQ,
+    ("bart", "executorch"): _ET_SEQ2SEQ,
+}
+
+
+def _export_folder(name: str, backend: str, tmp_path, generation_config=None):
+    model, input_sets = MODELS[name]()
+    exporter = make_exporter(backend)
+    artifacts = export_for_generation(exporter, model, input_sets[0], make_config(exporter, True, None), generation_config)
+    folder = tmp_path / f"{name}-{backend}"
+    manifest = artifacts.save_pretrained(folder)
+    return model, input_sets, folder, manifest
+
+
+def _assert_same_ids(model, generator, input_sets, generation_config=None):
+    for inputs in input_sets:
+        with torch.no_grad():
+            eager = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, generation_config=generation_config)
+        got = generator.generate(**inputs, max_new_tokens=NEW_TOKENS)
+        assert got.tolist() == eager.tolist(), f"exported ids {got.tolist()} != eager ids {eager.tolist()}"
+        assert got.shape[1] >= NEW_TOKENS  # the new tokens are really there (no early stop)
+
+
+def _params():
+    for name in MODELS:
+        for backend in ("dynamo", "onnx", "executorch"):
+            marks = []
+            if (name, backend) not in FAST:
+                marks.append(pytest.mark.slow)
+            if (name, backend) in XFAIL:
+                marks.append(pytest.mark.xfail(strict=True, reason=XFAIL[(name, backend)]))
+            yield pytest.param(name, backend, marks=marks, id=f"{name}-{backend}")
+
+
+@pytest.mark.parametrize(("name", "backend"), list(_params()))
+def test_greedy_ids_equal_eager(name, backend, tmp_path):
+    if backend == "executorch":
+        pytest.importorskip("executorch.runtime")
+    model, input_sets, folder, manifest = _export_folder(name, backend, tmp_path)
+    assert all(part["parity"]["ok"] for part in manifest["parts"].values())
+    generator = ExportedGenerator.from_pretrained(folder)
+    _assert_same_ids(model, generator, input_sets)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch"])
+def test_static_cache_h15(backend, tmp_path):
+    """H15: StaticCache (max_cache_len 16) as graph input and output, one graph for prefill and decode."""
+    if backend == "executorch":
+        pytest.importorskip("executorch.runtime")
+    config = tf.GenerationConfig(cache_implementation="static", max_cache_len=16, eos_token_id=None)
+    model, input_sets, folder, manifest = _export_folder("llama", backend, tmp_path, config)
+    assert manifest["parts"]["decode"]["cache"]["kind"] == "static"
+    generator = ExportedGenerator.from_pretrained(folder)
+    _assert_same_ids(model, generator, input_sets, config)
+
+
+def test_sampling_runs_with_logits_processors(tmp_path):
+    """Sampling uses the generation config's warpers; with top_k=1 it must equal greedy."""
+    model, input_sets, folder, _ = _export_folder("llama", "dynamo", tmp_path)
+    generator = ExportedGenerator.from_pretrained(folder)
+    inputs = input_sets[1]
+    greedy = generator.generate(**inputs, max_new_tokens=NEW_TOKENS)
+    torch.manual_seed(0)
+    sampled = generator.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=True, top_k=1)
+    assert sampled.tolist() == greedy.tolist()
+    # stop tokens: the first greedy token as eos ends generation after one step
+    stop = int(greedy[0, inputs["input_ids"].shape[1]])
+    config = tf.GenerationConfig(eos_token_id=stop, pad_token_id=0, max_new_tokens=NEW_TOKENS)
+    stopped = generator.generate(**inputs, generation_config=config)
+    assert stopped.shape[1] == inputs["input_ids"].shape[1] + 1
+    with torch.no_grad():
+        eager = model.generate(**inputs, generation_config=config)
+    assert stopped.tolist() == eager.tolist()
+    shutil.rmtree(folder)
+
+
+# ── Folder and manifest ───────────────────────────────────────────────────────
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    _, _, folder, manifest = _export_folder("llama", "dynamo", tmp_path_factory.mktemp("gen"))
+    return folder, manifest
+
+
+def test_folder_contents(llama_folder):
+    folder, manifest = llama_folder
+    names = {p.name for p in folder.iterdir()}
+    assert {"export.json", "config.json", "generation_config.json", "prefill", "decode"} <= names
+    decode = manifest["parts"]["decode"]
+    assert decode["role"] == "decode" and decode["file"] == "decode/model.pt2"
+    assert decode["cache"]["kind"] == "dynamic" and decode["cache"]["layers"] == 2
+    assert [i["name"] for i in decode["inputs"]][:3] == ["input_ids", "attention_mask", "past_key_values_0"]
+    assert decode["outputs"][:2] == ["logits", "present_0"]
+    assert decode["dynamic_axes"]["past_key_values_0"] == [0, 2]
+    assert decode["parity"]["ok"]
+
+
+def _copy_with(folder, tmp_path, edit):
+    target = tmp_path / "edited"
+    shutil.copytree(folder, target)
+    manifest = json.loads((target / "export.json").read_text())
+    edit(manifest, target)
+    (target / "export.json").write_text(json.dumps(manifest))
+    return target
+
+
+def test_manifest_unknown_schema_version(llama_folder, tmp_path):
+    target = _copy_with(llama_folder[0], tmp_path, lambda m, _: m.update(schema_version=99))
+    with pytest.raises(ManifestError, match="schema_version"):
+        ExportedGenerator.from_pretrained(target)
+
+
+def test_manifest_missing_file(llama_folder, tmp_path):
+    target = _copy_with(llama_folder[0], tmp_path, lambda m, t: (t / m["parts"]["decode"]["file"]).unlink())
+    with pytest.raises(ManifestError, match="missing"):
+        ExportedGenerator.from_pretrained(target)
+
+
+def test_manifest_path_leaving_folder(llama_folder, tmp_path):
+    def edit(manifest, _):
+        manifest["parts"]["decode"]["file"] = "../../etc/passwd"
+
+    target = _copy_with(llama_folder[0], tmp_path, edit)
+    with pytest.raises(ManifestError, match="outside the folder"):
+        read_manifest(target)
+
+
+def test_manifest_missing(tmp_path):
+    with pytest.raises(ManifestError, match="export.json is missing"):
+        ExportedGenerator.from_pretrained(tmp_path)
+
+
+def test_multimodal_is_refused_clearly():
+    model, inputs = llama()[0], {"input_ids": torch.ones(1, 3, dtype=torch.long), "pixel_values": torch.zeros(1, 3, 4, 4)}
+    with pytest.raises(InputError):
+        build_parts(model, inputs)
+
+
+# ── CLI ───────────────────────────────────────────────────────────────────────
+
+
+def test_cli_generate_compare_eager(tmp_path):
+    """``generate DIR --prompt ... --compare-eager`` prints text, tokens/s and the eager comparison."""
+    import typer
+    from typer.testing import CliRunner
+
+    from hf_exporters.cli_generate import register
+    from hf_exporters.generation import export_generation_folder
+
+    model = llama()[0]
+    checkpoint = tmp_path / "ckpt"
+    model.save_pretrained(checkpoint)
+    _write_tokenizer(checkpoint)
+    out = tmp_path / "gen"
+    export_generation_folder(checkpoint, "dynamo", out)
+    app = typer.Typer()
+    register(app)
+
+    @app.command("noop")
+    def _noop() -> None:  # a second command keeps typer from collapsing the app into one command
+        pass
+
+    result = CliRunner().invoke(app, ["generate", str(out), "--prompt", "a b c d", "--max-new-tokens", "8", "--compare-eager"])
+    assert result.exit_code == 0, result.output
+    assert "tokens/s" in result.output
+    assert "equal to eager generate(): yes" in result.output
+
+    bad = CliRunner().invoke(app, ["generate", str(tmp_path / "nowhere"), "--prompt", "x"])
+    assert bad.exit_code != 0 and "export.json is missing" in bad.output
+
+
+def _write_tokenizer(folder) -> None:
+    """A word-level tokenizer over the tiny vocabulary (no hub access)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{chr(ord("a") + i): 3 + i for i in range(26)}}
+    vocab.update({f"w{i}": i for i in range(len(vocab), 64)})
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = tf.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(folder)
