@@ -34,7 +34,7 @@ _QWEN2_VL_VISION = (
     "the vision attention splits q/k/v per image with torch.split(lengths.tolist()) over cu_seqlens "
     "and the text side splits image features with image_grid_thw.prod(-1).tolist(): sizes read from "
     "data (GuardOnDataDependentSymNode Eq(u3, 0) at modeling_qwen2_vl.py:403; case H11, "
-    "pytorch/pytorch#158786). Model-side change needed: one attention call with a block-diagonal mask "
+    "pytorch/pytorch#158786). model-side change needed: one attention call with a block-diagonal mask "
     "built from cu_seqlens, and image token counts from static grid sizes"
 )
 EXPORT_SKIPS["all"].update(
