@@ -50,8 +50,6 @@ import inspect
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -60,6 +58,7 @@ from typing import Any
 import torch
 
 from .errors import InputError, ManifestError
+from .pipeline import MANIFEST_NAME
 
 logger = logging.getLogger("hf_exporters")
 
@@ -73,7 +72,6 @@ __all__ = [
     "export_generation_folder",
 ]
 
-MANIFEST_NAME = "export.json"
 #: version of the ``export.json`` layout of a generation folder; readers refuse other versions
 GENERATION_SCHEMA_VERSION = 1
 #: names of generation-config keys the CLI and :meth:`ExportedGenerator.generate` accept as overrides
@@ -603,15 +601,13 @@ class GenerationArtifacts(dict):
             ParityError: a part's outputs differ from eager beyond the exporter's ``default_atol``.
         """
         from .errors import ParityError
-        from .pipeline import library_versions
+        from .pipeline import check_output_folder, library_versions, staged_folder
         from .runtime.compare import compare_leaves
 
         out = Path(directory)
-        if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-            raise InputError(f"output folder {out} exists and is not empty")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        try:
+        check_output_folder(out, overwrite)
+        manifest: dict[str, Any] = {}
+        with staged_folder(out, manifest) as staging:
             parts_manifest: dict[str, Any] = {}
             for name, artifact in self.items():
                 part = self.parts[name]
@@ -650,32 +646,28 @@ class GenerationArtifacts(dict):
             self.model.generation_config.save_pretrained(staging)
             if preprocessor is not None:
                 preprocessor.save_pretrained(staging)
-            manifest = {
-                "schema_version": GENERATION_SCHEMA_VERSION,
-                "kind": "generation",
-                "backend": self.exporter.name,
-                "recipe": getattr(getattr(self.exporter, "config", None), "backend", None),
-                "model_class": type(self.model).__name__,
-                "is_encoder_decoder": bool(getattr(self.model.config, "is_encoder_decoder", False)),
-                "source_model": source_model,
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "versions": library_versions(),
-                "parts": parts_manifest,
-            }
-            (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-            if out.exists():
-                shutil.rmtree(out) if out.is_dir() else out.unlink()
-            os.replace(staging, out)
-            return manifest
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+            manifest.update(
+                {
+                    "schema_version": GENERATION_SCHEMA_VERSION,
+                    "kind": "generation",
+                    "backend": self.exporter.name,
+                    "recipe": getattr(getattr(self.exporter, "config", None), "backend", None),
+                    "model_class": type(self.model).__name__,
+                    "is_encoder_decoder": bool(getattr(self.model.config, "is_encoder_decoder", False)),
+                    "source_model": source_model,
+                    "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "versions": library_versions(),
+                    "parts": parts_manifest,
+                }
+            )
+        return manifest
 
 
 def _describe_inputs(inputs: dict[str, Any]) -> list[dict[str, Any]]:
+    from .pipeline import describe_tensors
     from .shapes import tensor_leaves
 
-    return [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for n, t in tensor_leaves(inputs)]
+    return describe_tensors(tensor_leaves(inputs))
 
 
 def _copy_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -746,11 +738,10 @@ def export_generation_folder(
     """
     import transformers
 
-    from .pipeline import _load_preprocessor, make_config, make_exporter
+    from .pipeline import _load_preprocessor, check_output_folder, make_config, make_exporter
 
     out = Path(output)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise InputError(f"output folder {out} exists and is not empty (pass --overwrite to replace it)")
+    check_output_folder(out, overwrite)
     path = Path(model_path)
     if not (path / "config.json").is_file():
         raise InputError(f"not a transformers checkpoint: {path} has no config.json")

@@ -8,12 +8,14 @@ beside the target and moved into place at the end, so a failure leaves nothing h
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,39 @@ SAMPLE_TEXTS = [
     "Exported models should give the same numbers as eager PyTorch.",
     "A man is eating food.",
 ]
+
+
+def check_output_folder(out: Path, overwrite: bool) -> None:
+    """Refuse an output folder that exists and is not empty, unless ``overwrite``.
+
+    Raises:
+        InputError: ``out`` exists, is not an empty folder, and ``overwrite`` is False.
+    """
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise InputError(f"output folder {out} exists and is not empty (pass --overwrite to replace it)")
+
+
+@contextlib.contextmanager
+def staged_folder(out: Path, manifest: dict[str, Any]) -> Iterator[Path]:
+    """Yield a temporary folder beside ``out``; when the block ends, write ``manifest`` (filled in by
+    the block) as ``export.json`` there and move the folder into place, replacing ``out``. When the
+    block raises, the temporary folder is removed and ``out`` is left as it was."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield staging
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def describe_tensors(leaves: list[tuple[str, torch.Tensor]]) -> list[dict[str, Any]]:
+    """``[{name, shape, dtype}]`` for named tensors, as ``export.json`` lists inputs and outputs."""
+    return [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for n, t in leaves]
 
 
 def exporter_classes() -> dict[str, str]:
@@ -208,10 +243,6 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def _describe(leaves: list[tuple[str, torch.Tensor]]) -> list[dict[str, Any]]:
-    return [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for n, t in leaves]
-
-
 def export_to_folder(
     model: torch.nn.Module,
     inputs: dict[str, Any],
@@ -240,15 +271,13 @@ def export_to_folder(
     from .runtime import check_parity, eager_outputs, resized_inputs
 
     out = Path(output)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise InputError(f"output folder {out} exists and is not empty (pass --overwrite to replace it)")
+    check_output_folder(out, overwrite)
     exporter = make_exporter(backend)
     config = make_config(exporter, dynamic, recipe)
     tolerance = exporter.default_atol if atol is None else atol
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    manifest: dict[str, Any] = {}
+    with staged_folder(out, manifest) as staging:
         started = time.perf_counter()
         program = exporter.export(model, inputs, config)
         export_seconds = time.perf_counter() - started
@@ -276,30 +305,25 @@ def export_to_folder(
                 raise ExportStageError(exporter.name, "runtime check", first_line(error), blamed_line(error)) from error
             parity = [r.as_dict() for r in reports]
 
-        manifest = {
-            "schema_version": MANIFEST_SCHEMA_VERSION,
-            "backend": backend,
-            "recipe": getattr(config, "backend", None),
-            "task": task,
-            "model_class": type(model).__name__,
-            "artifact": artifact.name,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "versions": library_versions(),
-            "inputs": _describe(tensor_leaves(inputs)),
-            "outputs": _describe(eager_outputs(model, inputs)),
-            "dynamic": dynamic,
-            "dynamic_axes": dynamic_axes(ep, inputs) if ep is not None else {},
-            "static_axes": [{"input": a.input, "axis": a.axis, "size": a.size} for a in exporter.static_axes],
-            "export_seconds": round(export_seconds, 3),
-            "validated": validate,
-            "atol": tolerance,
-            "parity": parity,
-        }
-        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(staging, out)
-        return manifest
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        manifest.update(
+            {
+                "schema_version": MANIFEST_SCHEMA_VERSION,
+                "backend": backend,
+                "recipe": getattr(config, "backend", None),
+                "task": task,
+                "model_class": type(model).__name__,
+                "artifact": artifact.name,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "versions": library_versions(),
+                "inputs": describe_tensors(tensor_leaves(inputs)),
+                "outputs": describe_tensors(eager_outputs(model, inputs)),
+                "dynamic": dynamic,
+                "dynamic_axes": dynamic_axes(ep, inputs) if ep is not None else {},
+                "static_axes": [{"input": a.input, "axis": a.axis, "size": a.size} for a in exporter.static_axes],
+                "export_seconds": round(export_seconds, 3),
+                "validated": validate,
+                "atol": tolerance,
+                "parity": parity,
+            }
+        )
+    return manifest
