@@ -44,11 +44,37 @@ def test_export_embedded_minilm_dynamic(tmp_path):
     first, second = manifest["parity"]
     assert second["input_shapes"]["input_ids"] != first["input_shapes"]["input_ids"]
     assert all(p["max_abs_diff"] <= 1e-4 and p["ok"] for p in manifest["parity"])
-    # the saved program reloads and runs on its own
+    # the saved program reloads and runs on its own, in a fresh process too
+    proc = subprocess.run(
+        [sys.executable, "-c", f"from hf_exporters import load_exported_program; print(type(load_exported_program({str(out)!r})).__name__)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.stdout.strip() == "ExportedProgram", proc.stderr[-2000:]
     program = torch.export.load(str(out / "model.pt2"))
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     hidden = program.module()(**dict(tokenizer(["one", "two words"], padding=True, return_tensors="pt")))
     assert hidden.last_hidden_state.shape[:2] == (2, 4)
+
+
+def test_onnx_manifest_names_the_graph_outputs(tiny_bert, tmp_path):
+    out = tmp_path / "onnx"
+    code, output = _run("export", "-m", str(tiny_bert), "-b", "onnx", "-o", str(out))
+    assert code == 0, output
+    outputs = json.loads((out / "export.json").read_text())["outputs"]
+    assert [(o["name"], o["model_output"]) for o in outputs] == [
+        ("last_hidden_state", "last_hidden_state"),
+        ("pooler_output", "pooler_output"),
+    ]
+
+
+def test_task_whose_head_the_checkpoint_lacks(tiny_bert, tmp_path):
+    code, output = _run("export", "-m", str(tiny_bert), "--task", "text-classification", "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert output.strip().startswith(f"error: {tiny_bert} has no weights for 2 parameter(s) of BertForSequenceClassification")
+    assert "task 'text-classification' needs a head this checkpoint does not have" in output
+    assert not (tmp_path / "out").exists()
 
 
 def test_export_from_config_without_tokenizer(tiny_bert, tmp_path):
@@ -96,8 +122,57 @@ def test_refuses_non_empty_output(tiny_bert, tmp_path):
     (out / "keep.txt").write_text("x")
     code, output = _run("export", "-m", str(tiny_bert), "-o", str(out))
     assert code == 1
-    assert output.strip() == f"error: output folder {out} exists and is not empty (pass --overwrite to replace it)"
+    assert output.strip() == f"error: output folder {out} exists and is not empty (pass --overwrite to replace an earlier export)"
     assert (out / "keep.txt").read_text() == "x"
+    # --overwrite replaces earlier exports only, never another folder
+    code, output = _run("export", "-m", str(tiny_bert), "-o", str(out), "--overwrite")
+    assert code == 1
+    assert output.strip() == f"error: --overwrite replaces earlier exports only: {out} has no export.json, so it is left alone"
+    assert (out / "keep.txt").read_text() == "x"
+
+
+def test_overwrite_replaces_an_earlier_export_with_readable_permissions(tiny_bert, tmp_path):
+    out = tmp_path / "out"
+    assert _run("export", "-m", str(tiny_bert), "-o", str(out))[0] == 0
+    first = json.loads((out / "export.json").read_text())["created"]
+    code, output = _run("export", "-m", str(tiny_bert), "-o", str(out), "--overwrite", "--dynamic")
+    assert code == 0, output
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["dynamic"] is True and manifest["created"] >= first
+    assert oct(out.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
+
+
+def _umask():
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_output_may_not_overlap_the_model_folder(tiny_bert, inside):
+    out = tiny_bert / "exported" if inside else tiny_bert
+    code, output = _run("export", "-m", str(tiny_bert), "-o", str(out), "--overwrite")
+    assert code == 1
+    assert output.strip() == f"error: output folder {out} overlaps the model folder {tiny_bert}; choose another --output"
+    assert (tiny_bert / "model.safetensors").is_file() and not (tiny_bert / "exported").exists()
+
+
+def test_output_that_is_a_file(tiny_bert, tmp_path):
+    target = tmp_path / "afile"
+    target.write_text("keep")
+    code, output = _run("export", "-m", str(tiny_bert), "-o", str(target), "--overwrite")
+    assert code == 1
+    assert output.strip() == f"error: output path {target} is a file, not a folder"
+    assert target.read_text() == "keep"
+
+
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_invalid_tolerance(tiny_bert, tmp_path, value):
+    code, output = _run("export", "-m", str(tiny_bert), "-o", str(tmp_path / "out"), "--atol", value)
+    assert code == 1
+    assert output.strip() == f"error: --atol must be a finite number >= 0, got {float(value)}"
 
 
 def test_trace_failure_names_stage_and_source_line(tmp_path):

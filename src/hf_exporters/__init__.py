@@ -5,7 +5,7 @@ from __future__ import annotations
 from . import workarounds as _workarounds  # noqa: F401  (registers the built-in workarounds)
 from .config import DynamoConfig, ExecutorchConfig, OnnxConfig
 from .errors import ExportStageError, HfExportersError, MissingDependencyError, ParityError
-from .exporters.dynamo import DynamoExporter
+from .exporters.dynamo import DynamoExporter, load_exported_program
 from .registry import (
     apply_fx_node_fixes,
     apply_fx_program_fixes,
@@ -45,6 +45,7 @@ __all__ = [
     "OnnxExporter",
     "ParityError",
     "apply_fx_node_fixes",
+    "load_exported_program",
     "apply_fx_program_fixes",
     "apply_patches",
     "register_fx_node_fix",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -39,13 +40,16 @@ def export(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty output folder."),
 ) -> None:
     """Export a checkpoint with one backend, check it against eager PyTorch, and write the folder."""
-    from .errors import HfExportersError
-    from .pipeline import build_inputs, default_model_path, export_to_folder, load_checkpoint, make_exporter
+    from .errors import HfExportersError, InputError
+    from .pipeline import build_inputs, check_output_folder, default_model_path, export_to_folder, load_checkpoint, make_exporter
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         make_exporter(backend)  # an unknown backend or a missing extra fails before the model loads
+        if atol is not None and not (atol >= 0 and math.isfinite(atol)):
+            raise InputError(f"--atol must be a finite number >= 0, got {atol}")
         path = Path(model) if model else default_model_path()
+        check_output_folder(output, overwrite, source=path)
         if task in ("text-generation", "text2text-generation"):
             from .generation import export_generation_folder
 

@@ -69,19 +69,19 @@ def run(backends: list[str], out: Path, report: Path) -> list[dict[str, Any]]:
     llama = _tiny_llama(out / "tiny-llama-checkpoint")
     prefill, decode = _llama_inputs(llama)
     jobs = [
-        ("all-MiniLM-L6-v2", minilm, minilm_inputs, tokenizer),
-        ("tiny-llama prefill", llama, prefill, None),
-        ("tiny-llama decode (DynamicCache)", llama, decode, None),
+        ("all-MiniLM-L6-v2", minilm, minilm_inputs, tokenizer, task),
+        ("tiny-llama prefill", llama, prefill, None, "text-generation"),
+        ("tiny-llama decode (DynamicCache)", llama, decode, None, "text-generation"),
     ]
     rows = []
     for backend in backends:
-        for name, model, inputs, preprocessor in jobs:
+        for name, model, inputs, preprocessor, job_task in jobs:
             folder = out / f"{name.split()[0]}-{name.split()[1] if ' ' in name else 'model'}-{backend}"
             started = time.perf_counter()
             row: dict[str, Any] = {"model": name, "backend": backend}
             try:
                 manifest = export_to_folder(
-                    model, inputs, backend, folder, dynamic=True, preprocessor=preprocessor, overwrite=True
+                    model, inputs, backend, folder, dynamic=True, preprocessor=preprocessor, task=job_task, overwrite=True
                 )
                 row.update(
                     status="ok",

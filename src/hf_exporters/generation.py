@@ -741,8 +741,8 @@ def export_generation_folder(
     from .pipeline import _load_preprocessor, check_output_folder, make_config, make_exporter
 
     out = Path(output)
-    check_output_folder(out, overwrite)
     path = Path(model_path)
+    check_output_folder(out, overwrite, source=path)
     if not (path / "config.json").is_file():
         raise InputError(f"not a transformers checkpoint: {path} has no config.json")
     config = transformers.AutoConfig.from_pretrained(path)

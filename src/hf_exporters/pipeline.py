@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -46,14 +47,32 @@ SAMPLE_TEXTS = [
 ]
 
 
-def check_output_folder(out: Path, overwrite: bool) -> None:
-    """Refuse an output folder that exists and is not empty, unless ``overwrite``.
+def check_output_folder(out: Path, overwrite: bool, source: Path | None = None) -> None:
+    """Check that ``out`` can receive an export before any work is done.
+
+    ``out`` may be missing or an empty folder; with ``overwrite``, it may also be an earlier export
+    (a folder holding ``export.json``), which is replaced. Nothing else is ever deleted.
 
     Raises:
-        InputError: ``out`` exists, is not an empty folder, and ``overwrite`` is False.
+        InputError: ``out`` is a file; it is ``source`` (the model folder) or contains or lies inside
+            it; it is not empty and ``overwrite`` is False; or ``overwrite`` is given for a folder
+            that is not an earlier export.
     """
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise InputError(f"output folder {out} exists and is not empty (pass --overwrite to replace it)")
+    out = Path(out)
+    if source is not None:
+        a, b = out.resolve(), Path(source).resolve()
+        if a == b or a in b.parents or b in a.parents:
+            raise InputError(f"output folder {out} overlaps the model folder {source}; choose another --output")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise InputError(f"output path {out} is a file, not a folder")
+    if not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise InputError(f"output folder {out} exists and is not empty (pass --overwrite to replace an earlier export)")
+    if not (out / MANIFEST_NAME).is_file():
+        raise InputError(f"--overwrite replaces earlier exports only: {out} has no {MANIFEST_NAME}, so it is left alone")
 
 
 @contextlib.contextmanager
@@ -66,12 +85,20 @@ def staged_folder(out: Path, manifest: dict[str, Any]) -> Iterator[Path]:
     try:
         yield staging
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        _make_readable(staging)
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         os.replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _make_readable(folder: Path) -> None:
+    """Give ``folder`` (made private by ``mkdtemp``) the permissions a new folder gets under the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
 
 
 def describe_tensors(leaves: list[tuple[str, torch.Tensor]]) -> list[dict[str, Any]]:
@@ -159,10 +186,17 @@ def load_checkpoint(model: str | os.PathLike[str], task: str | None = None) -> t
             model_class = transformers.AutoModel
         task = _task_of(model_class, config)
     try:
-        loaded = model_class.from_pretrained(path).eval()
+        loaded, info = model_class.from_pretrained(path, output_loading_info=True)
     except Exception as error:  # noqa: BLE001
         raise InputError(f"cannot load {path} as {getattr(model_class, '__name__', model_class)}: {error}") from error
-    return loaded, _load_preprocessor(path), task
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise InputError(
+            f"{path} has no weights for {len(missing)} parameter(s) of {type(loaded).__name__} "
+            f"(e.g. {missing[0]}): task {task!r} needs a head this checkpoint does not have, and exporting "
+            "randomly initialised weights would be meaningless; choose the checkpoint's own task"
+        )
+    return loaded.eval(), _load_preprocessor(path), task
 
 
 def _task_of(model_class: Any, config: Any) -> str:
@@ -189,6 +223,17 @@ def _load_preprocessor(path: Path) -> Any:
     return None
 
 
+def forward_parameters(model: torch.nn.Module) -> set[str] | None:
+    """Names ``model.forward`` accepts, or None when it takes ``**kwargs`` of any name."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        named = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        return named if "input_ids" in named else None
+    return set(params)
+
+
 def build_inputs(model: torch.nn.Module, preprocessor: Any = None, batch: int = 2, seq: int = 8) -> dict[str, Any]:
     """Example inputs: the tokenizer's encoding of :data:`SAMPLE_TEXTS` when there is a tokenizer,
     else token ids and a mask (text models) or pixel values (vision models) sized from the config.
@@ -198,7 +243,10 @@ def build_inputs(model: torch.nn.Module, preprocessor: Any = None, batch: int = 
     """
     config = model.config
     if preprocessor is not None and hasattr(preprocessor, "__call__") and hasattr(preprocessor, "pad"):
-        return dict(preprocessor(SAMPLE_TEXTS[:batch], padding=True, return_tensors="pt"))
+        encoded = dict(preprocessor(SAMPLE_TEXTS[:batch], padding=True, return_tensors="pt"))
+        accepted = forward_parameters(model)
+        # a tokenizer may return what this model does not take (token_type_ids for a decoder)
+        return {k: v for k, v in encoded.items() if accepted is None or k in accepted}
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     vocab = getattr(text_config, "vocab_size", None)
     if vocab:
@@ -228,6 +276,18 @@ def dynamic_axes(exported_program: torch.export.ExportedProgram, inputs: dict[st
         if dims:
             axes[name] = dims
     return axes
+
+
+def _outputs_entry(exporter: Any, program: Any, eager: list[tuple[str, torch.Tensor]]) -> list[dict[str, Any]]:
+    """The artifact's outputs: its own names (``present.past_key_values_0`` in ONNX) with the model
+    output each one is (``model_output``), shapes and dtypes of the export inputs' outputs."""
+    entries = describe_tensors(eager)
+    names = exporter.graph_output_names(program)
+    if names is not None and len(names) == len(entries):
+        for entry, name in zip(entries, names):
+            entry["model_output"] = entry["name"]
+            entry["name"] = name
+    return entries
 
 
 def library_versions() -> dict[str, str]:
@@ -271,6 +331,8 @@ def export_to_folder(
     from .runtime import check_parity, eager_outputs, resized_inputs
 
     out = Path(output)
+    if atol is not None and not (atol >= 0 and math.isfinite(atol)):
+        raise InputError(f"--atol must be a finite number >= 0, got {atol}")
     check_output_folder(out, overwrite)
     exporter = make_exporter(backend)
     config = make_config(exporter, dynamic, recipe)
@@ -316,7 +378,7 @@ def export_to_folder(
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "versions": library_versions(),
                 "inputs": describe_tensors(tensor_leaves(inputs)),
-                "outputs": describe_tensors(eager_outputs(model, inputs)),
+                "outputs": _outputs_entry(exporter, program, eager_outputs(model, inputs)),
                 "dynamic": dynamic,
                 "dynamic_axes": dynamic_axes(ep, inputs) if ep is not None else {},
                 "static_axes": [{"input": a.input, "axis": a.axis, "size": a.size} for a in exporter.static_axes],

@@ -27,6 +27,41 @@ from ._common import (
 logger = logging.getLogger("hf_exporters")
 
 
+def load_exported_program(path: str | os.PathLike[str], model_class: str | None = None) -> torch.export.ExportedProgram:
+    """``torch.export.load`` for a ``model.pt2`` written by hf-exporters.
+
+    A saved program names the pytree types of its inputs and outputs (a ``ModelOutput``, a cache);
+    torch can only rebuild them once those types are registered, which happens when transformers'
+    modules defining them are imported. This registers the caches, imports
+    ``transformers.modeling_outputs`` and the modeling module of ``model_class`` (read from the
+    folder's ``export.json`` when not given), then loads.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    import importlib
+    import json
+
+    import transformers.modeling_outputs  # noqa: F401  (registers the shared ModelOutput classes)
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / DynamoExporter.artifact_name
+    if not path.is_file():
+        raise FileNotFoundError(f"no exported program at {path}")
+    manifest = path.parent / "export.json"
+    if model_class is None and manifest.is_file():
+        model_class = json.loads(manifest.read_text()).get("model_class")
+    if model_class:
+        import transformers
+
+        cls = getattr(transformers, model_class, None)
+        if cls is not None:
+            importlib.import_module(cls.__module__)
+    register_model_pytrees(None)
+    return torch.export.load(str(path))
+
+
 class DynamoExporter:
     """Export a model with ``torch.export`` and the project's workarounds.
 
@@ -68,6 +103,11 @@ class DynamoExporter:
 
         return export_for_generation(self, model, inputs, config)
 
+    def graph_output_names(self, program: Any) -> list[str] | None:
+        """The artifact's own names of its outputs, in order, where they differ from the model's
+        output names (None: outputs are positional or named as the model names them)."""
+        return None
+
     def save(self, program: Any, directory: str | os.PathLike[str]) -> Path:
         """Write ``program`` as ``directory/model.pt2`` (``torch.export.save``) and return the path."""
         path = Path(directory) / self.artifact_name
@@ -81,8 +121,7 @@ class DynamoExporter:
 
     def load_runner(self, path: str | os.PathLike[str]) -> Any:
         """A callable ``run(inputs) -> output tensors in flatten order`` over the saved artifact."""
-        register_model_pytrees(None)
-        return ExportedProgramRunner(torch.export.load(str(path)))
+        return ExportedProgramRunner(load_exported_program(path))
 
     def export(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: DynamoConfig | None = None) -> torch.export.ExportedProgram:
         """Trace ``model`` called as ``model(**inputs)``.

@@ -190,6 +190,10 @@ class OnnxExporter(DynamoExporter):
         program.save(str(path), external_data=external)
         return path
 
+    def graph_output_names(self, program: Any) -> list[str] | None:
+        """The ONNX graph's output names (an updated cache is ``present.past_key_values_N``)."""
+        return [value.name for value in program.model.graph.outputs]
+
     def load_runner(self, path: str | os.PathLike[str]) -> Any:
         """A callable ``run(inputs) -> output arrays in flatten order`` over the saved ``.onnx`` in onnxruntime (CPU)."""
         from ..runtime.ort_runner import OrtRunner

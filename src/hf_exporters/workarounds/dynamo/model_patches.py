@@ -52,7 +52,9 @@ def _export_safe_sdpa(
             mask = torch.where(mask, position_bias, torch.finfo(key.dtype).min)
         else:
             mask = position_bias + mask
-    groups = query.shape[1] // key.shape[1]
+    # the module's own group count is a Python int; dividing the head counts would give a symbolic
+    # one when a cache's head axis was traced as dynamic, which the ONNX SDPA lowering cannot take
+    groups = getattr(module, "num_key_value_groups", None) or query.shape[1] // key.shape[1]
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
