@@ -202,3 +202,13 @@ def test_smoke_regressions_against_the_baseline() -> None:
     baseline = {"ours|onnx|static|A": "pass", "ours|onnx|static|B": "fail"}
     records = [_record("ours", "onnx", False, "A", "fail", "parity", "numeric mismatch"), _record("ours", "onnx", False, "B", "pass")]
     assert [r.split(":")[0] for r in smoke.regressions(records, baseline)] == ["ours|onnx|static|A"]
+
+
+def test_a_class_several_types_reuse_is_listed_under_its_own_type() -> None:
+    from hf_exporters.sweep import classes
+
+    base = classes.base_classes()
+    assert base["LlamaModel"] == "llama"
+    assert classes.select(base, "llama") == ["LlamaModel"]
+    with pytest.raises(ValueError, match="^--only nomatch-xyz: no model class or model type matches$"):
+        classes.select(base, "nomatch-xyz")

@@ -59,7 +59,11 @@ def sweep(
     pool = all_classes if classes == "all" else base
     if smoke:
         pool = {c: all_classes.get(c, base.get(c, "")) for c in smoke_set.smoke_classes()}
-    selected = class_sets.select(pool, only, shard)
+    try:
+        selected = class_sets.select(pool, only, shard)
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
     out_dir = output or Path("reports") / "sweep" / transformers.__version__
     if smoke and output is None:
         out_dir = Path("reports") / "sweep" / "smoke" / transformers.__version__

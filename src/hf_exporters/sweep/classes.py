@@ -30,12 +30,27 @@ def all_classes() -> dict[str, str]:
     return out
 
 
+def _own_type(class_name: str, model_types: list[str]) -> str:
+    """The model type a class is named after, among the types mapping to it (``LlamaModel``: ``llama``,
+    not ``internlm3``, which reuses it); the first one when none matches."""
+    stem = class_name.lower()
+    for suffix in ("model",):
+        stem = stem.removesuffix(suffix)
+    norm = {t: t.replace("_", "").replace("-", "").lower() for t in model_types}
+    exact = [t for t in model_types if norm[t] == stem]
+    if exact:
+        return exact[0]
+    prefix = sorted((t for t in model_types if stem.startswith(norm[t])), key=lambda t: -len(norm[t]))
+    return prefix[0] if prefix else model_types[0]
+
+
 def base_classes() -> dict[str, str]:
-    """One base model class per model type: ``{class name: model_type}``."""
-    out: dict[str, str] = {}
+    """One base model class per model type: ``{class name: model_type}``. A class several model types
+    reuse is listed once, under the type it is named after."""
+    types: dict[str, list[str]] = {}
     for model_type, value in auto_mappings()[BASE_MAPPING].items():
-        out.setdefault(_names(value)[0], model_type)
-    return out
+        types.setdefault(_names(value)[0], []).append(model_type)
+    return {name: _own_type(name, found) for name, found in types.items()}
 
 
 def select(classes: dict[str, str], only: str | None = None, shard: str | None = None) -> list[str]:
@@ -45,6 +60,8 @@ def select(classes: dict[str, str], only: str | None = None, shard: str | None =
     if only:
         patterns = [p.strip() for p in only.split(",") if p.strip()]
         names = [n for n in names if any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(classes[n], p) for p in patterns)]
+        if not names:
+            raise ValueError(f"--only {only}: no model class or model type matches")
     if shard:
         index, _, count = shard.partition("/")
         i, n = int(index), int(count)
