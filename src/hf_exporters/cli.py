@@ -115,7 +115,7 @@ def patches(
             "upstream": w.upstream or "",
             "remove_when": w.remove_when or "",
         }
-        for w in list_workarounds(backend)
+        for w in sorted(list_workarounds(backend), key=lambda w: (w.backend.split(".")[0], w.stage, w.backend))
     ]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))

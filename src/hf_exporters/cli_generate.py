@@ -22,7 +22,7 @@ def generate(
 ) -> None:
     """Generate text with the exported parts in the backend's runtime; print the text and tokens per second.
 
-    Exits with status 1 and one line on stderr for a bad folder (hf_exporters.errors.ManifestError),
+    Exits with status 1 and one line on stderr for a bad folder (unknown format, missing file),
     a folder without tokenizer, or (with --compare-eager) a missing checkpoint; status 2 when the
     exported ids differ from eager generate().
     """
