@@ -125,11 +125,14 @@ MODELS = {
     "whisper": whisper,
 }
 FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo")}
-#: (model, backend) pairs that do not pass yet, strict xfail with the cause: the SDPA one is a limit of
-#: onnxscript's translation; the ExecuTorch seq2seq one is an open gap in this project (generation.py)
+#: (model, backend) pairs that do not pass yet, strict xfail with the cause: the SDPA one is torch.onnx's
+#: opset-23 lowering (works at opset 22); the ExecuTorch seq2seq one is an open gap in generation.py
 _SDPA_GQA = (
-    "onnxscript aten_scaled_dot_product_attention_23 asserts q_num_heads == kv_num_heads when the head count "
-    "is symbolic (4//batch after repeat_kv with a Dim.AUTO batch); open: shared batch dim in generation.py"
+    "torch.onnx (2.13) lowers SDPA at opset >= 23 to the ONNX Attention op and asserts q_num_heads == "
+    "kv_num_heads on the decomposed graph's shapes, where a grouped-query model's repeated key heads are "
+    "symbolic (torch/onnx/_internal/exporter/_torchlib/ops/nn.py aten_scaled_dot_product_attention_23); "
+    "exports with OnnxConfig(opset_version=22) pass. Open: a Stage 4 SDPA translation that keeps eager's "
+    "zeros on fully masked rows"
 )
 _ET_SEQ2SEQ = (
     "to_edge_transform_and_lower re-traces the decoder graph (run_decompositions) and loses the equality of the "
