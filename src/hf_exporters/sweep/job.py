@@ -105,10 +105,8 @@ def _no_cache(config: Any) -> None:
     while stack:
         current = stack.pop()
         if hasattr(current, "use_cache"):
-            try:
+            with contextlib.suppress(Exception):  # a read-only property on some configs
                 current.use_cache = False
-            except Exception:  # noqa: BLE001
-                pass
         stack.extend(v for v in vars(current).values() if isinstance(v, PretrainedConfig))
 
 

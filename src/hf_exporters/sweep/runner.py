@@ -13,6 +13,7 @@ skips the jobs already done under the same library versions and code revision.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -194,10 +195,8 @@ def run_forked(spec: dict[str, Any], timeout: float, memory_bytes: int) -> dict[
             break
         time.sleep(0.1)
     seconds = round(time.monotonic() - started, 2)
-    try:
+    with contextlib.suppress(OSError):  # the child's group may be gone already
         os.killpg(pid, signal.SIGKILL)  # leftovers of the child's group (a runtime's helper processes)
-    except OSError:
-        pass
     record: dict[str, Any] | None = None
     if outcome is None and os.path.getsize(result_path) > 0:
         try:
@@ -235,10 +234,9 @@ def zygote_main() -> None:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     for module in _HEAVY_MODULES:
-        try:
+        # a missing optional backend fails in its jobs, with its message
+        with contextlib.suppress(Exception):
             importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - a missing optional backend fails in its jobs, with its message
-            pass
     out = sys.stdout
     sys.stdout = sys.stderr  # everything a model prints goes to stderr; stdout carries records only
     out.write(json.dumps({"ready": True}) + "\n")
