@@ -7,6 +7,7 @@ error kind (:func:`classify`), the source line blamed and a one-line message.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
@@ -81,8 +82,6 @@ class _Failed(Exception):
 
 
 def _at(stage: str):  # noqa: ANN202 - a tiny context manager factory
-    import contextlib
-
     @contextlib.contextmanager
     def block():  # noqa: ANN202
         try:
