@@ -131,8 +131,8 @@ _SDPA_GQA = (
     "torch.onnx (2.13) lowers SDPA at opset >= 23 to the ONNX Attention op and asserts q_num_heads == "
     "kv_num_heads on the decomposed graph's shapes, where a grouped-query model's repeated key heads are "
     "symbolic (torch/onnx/_internal/exporter/_torchlib/ops/nn.py aten_scaled_dot_product_attention_23); "
-    "exports with OnnxConfig(opset_version=22) pass. Open: a Stage 4 SDPA translation that keeps eager's "
-    "zeros on fully masked rows"
+    "at opset 22 the export passes but the MatMul/Softmax lowering differs from eager on fully masked "
+    "(left-padded) query rows. Open: a Stage 4 SDPA translation with eager's result on fully masked rows"
 )
 _ET_SEQ2SEQ = (
     "to_edge_transform_and_lower re-traces the decoder graph (run_decompositions) and loses the equality of the "
