@@ -126,7 +126,7 @@ MODELS = {
 }
 FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo")}
 #: (model, backend) pairs that do not pass yet, strict xfail with the cause: the SDPA one is torch.onnx's
-#: opset-23 lowering (works at opset 22); the ExecuTorch seq2seq one is an open gap in generation.py
+#: opset-23 lowering (opset 22 exports but differs on padded rows); the ExecuTorch seq2seq one is an open gap in generation.py
 _SDPA_GQA = (
     "torch.onnx (2.13) lowers SDPA at opset >= 23 to the ONNX Attention op and asserts q_num_heads == "
     "kv_num_heads on the decomposed graph's shapes, where a grouped-query model's repeated key heads are "
