@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 
-pytest.importorskip("executorch")
+pytest.importorskip("executorch", reason="the ExecuTorch tests need the executorch extra")
 
 from hf_exporters import ExecutorchConfig  # noqa: E402
 from hf_exporters.exporters.executorch import ExecutorchExporter  # noqa: E402

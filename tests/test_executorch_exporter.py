@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-pytest.importorskip("executorch")
+pytest.importorskip("executorch", reason="the ExecuTorch tests need the executorch extra")
 
 from hf_exporters import ExecutorchConfig, ExportStageError, MissingDependencyError, registry  # noqa: E402
 from hf_exporters.exporters import executorch as executorch_module  # noqa: E402

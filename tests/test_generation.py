@@ -125,7 +125,7 @@ MODELS = {
     "whisper": whisper,
 }
 FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo")}
-#: (model, backend) pairs that do not pass yet, strict xfail with the cause: the SDPA one is torch.onnx's
+#: (model, backend) pairs that do not pass yet, expected to fail (strictly) for the cause given: the SDPA one is torch.onnx's
 #: opset-23 lowering (opset 22 exports but differs on padded rows); the ExecuTorch seq2seq one is an open gap in generation.py
 _SDPA_GQA = (
     "torch.onnx (2.13) lowers SDPA at opset >= 23 to the ONNX Attention op and asserts q_num_heads == "
@@ -178,7 +178,7 @@ def _params():
 @pytest.mark.parametrize(("name", "backend"), list(_params()))
 def test_greedy_ids_equal_eager(name, backend, tmp_path):
     if backend == "executorch":
-        pytest.importorskip("executorch.runtime")
+        pytest.importorskip("executorch.runtime", reason="the ExecuTorch generation tests need the executorch extra")
     model, input_sets, folder, manifest = _export_folder(name, backend, tmp_path)
     assert all(part["parity"]["ok"] for part in manifest["parts"].values())
     generator = ExportedGenerator.from_pretrained(folder)
@@ -190,7 +190,7 @@ def test_greedy_ids_equal_eager(name, backend, tmp_path):
 def test_static_cache_h15(backend, tmp_path):
     """H15: StaticCache (max_cache_len 16) as graph input and output, one graph for prefill and decode."""
     if backend == "executorch":
-        pytest.importorskip("executorch.runtime")
+        pytest.importorskip("executorch.runtime", reason="the ExecuTorch generation tests need the executorch extra")
     config = tf.GenerationConfig(cache_implementation="static", max_cache_len=16, eos_token_id=None)
     model, input_sets, folder, manifest = _export_folder("llama", backend, tmp_path, config)
     assert manifest["parts"]["decode"]["cache"]["kind"] == "static"

@@ -17,8 +17,8 @@ from case_models import h5_bert_masked_row, h6_swin, unexpected_static
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("onnxscript")
+pytest.importorskip("onnxruntime", reason="the ONNX tests need the onnx extra")
+pytest.importorskip("onnxscript", reason="the ONNX tests need the onnx extra")
 
 from hf_exporters import OnnxConfig  # noqa: E402
 from hf_exporters.exporters.onnx import OnnxExporter  # noqa: E402

@@ -15,8 +15,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("onnxscript")
+pytest.importorskip("onnxruntime", reason="the ONNX tests need the onnx extra")
+pytest.importorskip("onnxscript", reason="the ONNX tests need the onnx extra")
 
 import onnx_ir as ir  # noqa: E402
 

@@ -86,18 +86,18 @@ def sweep(
     if recheck_skips:
         specs = [s for s in specs if s.get("recheck")]
     done = store.done(any_revision) if resume else set()
-    todo = [s for s in specs if runner.job_key(s) not in done]
+    pending = [s for s in specs if runner.job_key(s) not in done]
     command = "hf-exporters sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "sweep")
     typer.echo(
         f"{len(all_classes)} model classes in the Auto mappings ({len(base)} base); {len(selected)} selected; "
-        f"{len(specs)} jobs, {len(specs) - len(todo)} already done; writing {out_dir}",
+        f"{len(specs)} jobs, {len(specs) - len(pending)} already done; writing {out_dir}",
         err=True,
     )
     records: list = []
-    if not report_only and todo:
+    if not report_only and pending:
         with open(out_dir / "runs.jsonl", "a") as handle:  # the exact options, recorded before the run
             handle.write(json.dumps({
-                "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs_planned": len(todo),
+                "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs_planned": len(pending),
                 "revision": store.revision,
                 "options": {"backend": backends, "engine": engines, "shapes": shapes, "classes": classes, "only": only,
                             "shard": shard, "jobs": jobs, "timeout": timeout, "memory_gb": memory_gb, "ray": ray,
@@ -105,7 +105,7 @@ def sweep(
                             "resume_any_revision": any_revision},
             }) + "\n")
         records = runner.run_jobs(
-            todo, store, jobs=jobs, timeout=timeout, memory_gb=memory_gb, ray_address=ray, progress=progress,
+            pending, store, jobs=jobs, timeout=timeout, memory_gb=memory_gb, ray_address=ray, progress=progress,
             log=Path(tempfile.gettempdir()) / f"hf-sweep-jobs-{os.getpid()}.log",  # the models' own output
         )
     runs = [json.loads(line) for line in (out_dir / "runs.jsonl").read_text().splitlines()] if (out_dir / "runs.jsonl").exists() else []

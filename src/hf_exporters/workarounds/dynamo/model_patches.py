@@ -73,8 +73,8 @@ def _patch_sdpa_attention(original: dict[str, Any]) -> dict[str, Any]:
     refuses a one-token input, H7) or returns a ``SymBool`` that ``scaled_dot_product_attention``
     rejects (``argument 'is_causal' must be bool, not SymBool``, decode with a filled cache, H3).
     Known to hit: every model using the ``sdpa`` attention interface (BERT, Llama, Mistral, Qwen, ...).
-    Upstream: transformers integrations/sdpa_attention.py TODO pointing at huggingface/transformers#46196
-    (the condition is to be handled on the exporter side); pytorch/pytorch#150842 (0/1 specialisation).
+    Upstream: huggingface/transformers#46196 (a note in integrations/sdpa_attention.py leaves the
+    condition to the exporter side); pytorch/pytorch#150842 (0/1 specialisation).
     Remove when: transformers computes ``is_causal`` without a Python ``and`` on the query length.
     """
     return {**original, "sdpa": _export_safe_sdpa}
