@@ -63,7 +63,7 @@ def qwen3():
 def gemma3_text():
     config = tf.Gemma3TextConfig(**TINY, head_dim=8, sliding_window=4, eos_token_id=None, pad_token_id=0)
     model = tf.Gemma3ForCausalLM(config)
-    return _spread_weights(model), [_text_inputs(1, 6), _text_inputs(1, 9, seed=1)]
+    return _spread_weights(model), [_text_inputs(1, 6), _text_inputs(2, 9, pad_left=2, seed=1)]
 
 
 def phi3():
@@ -72,9 +72,10 @@ def phi3():
 
 
 def mistral_sliding():
-    """sliding_window=4 with 6-9 prompt tokens and 8 new ones: generation runs far past the window."""
+    """sliding_window=4 with 6-9 prompt tokens and 8 new ones: generation runs far past the window.
+    Exported from a batch of 1 (widened to 2 for the trace), checked on a left-padded batch of 2 too."""
     model = tf.MistralForCausalLM(tf.MistralConfig(**TINY, sliding_window=4, eos_token_id=None))
-    return _spread_weights(model), [_text_inputs(1, 6), _text_inputs(1, 9, seed=1)]
+    return _spread_weights(model), [_text_inputs(1, 6), _text_inputs(2, 9, pad_left=2, seed=1)]
 
 
 def mixtral():
@@ -113,6 +114,24 @@ def whisper():
     return _spread_weights(model), features
 
 
+def llava():
+    """Vision-language: CLIP vision tower + projector (the ``image_encoder`` part), Llama language model.
+    Each prompt holds 16 image tokens (a 16x16 image in 4x4 patches); the second set is a left-padded batch of 2 images."""
+    text = tf.LlamaConfig(**TINY, eos_token_id=None, pad_token_id=0)
+    vision = tf.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=16, patch_size=4)
+    config = tf.LlavaConfig(vision_config=vision, text_config=text, image_token_id=63, vision_feature_layer=-1)
+    model = _spread_weights(tf.LlavaForConditionalGeneration(config))
+    generator = torch.Generator().manual_seed(0)
+    sets = []
+    for batch, seq, pad in ((1, 20, 0), (2, 22, 2)):
+        inputs = _text_inputs(batch, seq, pad_left=pad, seed=batch)
+        inputs["input_ids"].clamp_(max=60)
+        inputs["input_ids"][:, 4:20] = 63
+        inputs["pixel_values"] = torch.randn(batch, 3, 16, 16, generator=generator)
+        sets.append(inputs)
+    return model, sets
+
+
 MODELS = {
     "llama": llama,
     "qwen3": qwen3,
@@ -123,27 +142,11 @@ MODELS = {
     "t5": t5,
     "bart": bart,
     "whisper": whisper,
+    "llava": llava,
 }
 FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo")}
-#: (model, backend) pairs that do not pass yet, expected to fail (strictly) for the cause given: the SDPA one is torch.onnx's
-#: opset-23 lowering (opset 22 exports but differs on padded rows); the ExecuTorch seq2seq one is an open gap in generation.py
-_SDPA_GQA = (
-    "torch.onnx (2.13) lowers SDPA at opset >= 23 to the ONNX Attention op and asserts q_num_heads == "
-    "kv_num_heads on the decomposed graph's shapes, where a grouped-query model's repeated key heads are "
-    "symbolic (torch/onnx/_internal/exporter/_torchlib/ops/nn.py aten_scaled_dot_product_attention_23); "
-    "at opset 22 the export passes but the MatMul/Softmax lowering differs from eager on fully masked "
-    "(left-padded) query rows. Open: a Stage 4 SDPA translation with eager's result on fully masked rows"
-)
-_ET_SEQ2SEQ = (
-    "to_edge_transform_and_lower re-traces the decoder graph (run_decompositions) and loses the equality of the "
-    "Dim.AUTO self-attention cache lengths (bmm 's64 + 1' vs 's81 + 1'); open: shared past dim in generation.py"
-)
-XFAIL: dict[tuple[str, str], str] = {
-    ("mistral_sliding", "onnx"): _SDPA_GQA,
-    ("gemma3_text", "onnx"): _SDPA_GQA,
-    ("t5", "executorch"): _ET_SEQ2SEQ,
-    ("bart", "executorch"): _ET_SEQ2SEQ,
-}
+#: (model, backend) pairs that do not pass yet, expected to fail (strictly), with the cause
+XFAIL: dict[tuple[str, str], str] = {}
 
 
 def _export_folder(name: str, backend: str, tmp_path, generation_config=None):

@@ -212,3 +212,43 @@ def test_a_class_several_types_reuse_is_listed_under_its_own_type() -> None:
     assert classes.select(base, "llama") == ["LlamaModel"]
     with pytest.raises(ValueError, match="^--only nomatch-xyz: no model class or model type matches$"):
         classes.select(base, "nomatch-xyz")
+
+
+# ── Generation mode ──────────────────────────────────────────────────────────
+
+
+def test_generative_classes_take_the_full_model_of_encoder_decoder_types() -> None:
+    generative = classes.generative_classes()
+    assert generative["LlamaForCausalLM"] == "llama"
+    assert generative["T5ForConditionalGeneration"] == "t5"
+    assert generative["WhisperForConditionalGeneration"] == "whisper"
+    assert "WhisperForCausalLM" not in generative and "BartForCausalLM" not in generative
+    assert generative["LlavaForConditionalGeneration"] == "llava"
+
+
+def test_generation_jobs_are_planned_for_our_engine_with_their_own_keys() -> None:
+    specs = runner.plan([("LlamaForCausalLM", "llama")], ["dynamo", "onnx"], ["ours", "upstream"], ["generation"])
+    assert [runner.job_key(s) for s in specs] == ["ours|dynamo|generation|LlamaForCausalLM", "ours|onnx|generation|LlamaForCausalLM"]
+    assert all(s["mode"] == "generation" and s["dynamic"] for s in specs)
+
+
+def test_a_generation_job_compares_token_ids_with_eager_generate() -> None:
+    record = run_job({"class": "LlamaForCausalLM", "backend": "dynamo", "dynamic": True, "mode": "generation"})
+    assert record["outcome"] == "pass", record
+    assert record["new_tokens"] == 8 and record["inputs"]["input_ids"] == [2, 8]
+    mamba = run_job({"class": "MambaForCausalLM", "backend": "dynamo", "dynamic": True, "mode": "generation"})
+    assert (mamba["outcome"], mamba["stage"]) == ("fail", "exporter decompose")
+    assert "state-space cache (cache_params) is not supported yet" in mamba["message"]
+
+
+def test_generation_rows_have_their_own_group_in_the_reports(tmp_path: Path) -> None:
+    records = [
+        _record("ours", "onnx", True, "A", "pass"),
+        {**_record("ours", "onnx", True, "A", "fail", "parity", "token id mismatch"), "mode": "generation", "key": "ours|onnx|generation|A"},
+    ]
+    summary = report.write_reports(tmp_path, records, {"classes_total": 1, "base_classes_total": 1, "versions": {}})
+    assert summary["groups"]["ours|onnx|dynamic"]["pass"] == 1
+    generation = summary["groups"]["ours|onnx|generation"]
+    assert (generation["total"], generation["fail"], generation["failures_by_stage"]) == (1, 1, {"parity": 1})
+    assert "| ours | onnx | generation | 1 | 0 | 0 | 1 | 0.0% | parity 1 |" in (tmp_path / "report.md").read_text()
+    assert classify("ParityError: token ids differ from eager generate() (shapes [2, 16] vs [2, 16]; first 9 positions equal)") == "token id mismatch"

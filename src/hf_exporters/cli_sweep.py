@@ -25,7 +25,11 @@ def _split(value: str, allowed: tuple[str, ...], option: str) -> list[str]:
 def sweep(
     backend: str = typer.Option("dynamo,onnx,executorch", "--backend", "-b", help="Comma-separated backends."),
     engine: str = typer.Option("ours", "--engine", help="ours | upstream | both (upstream: transformers.exporters)."),
-    shapes: str = typer.Option("static,dynamic", "--shapes", help="static, dynamic, or both (comma-separated); static runs first."),
+    shapes: str = typer.Option(
+        "static,dynamic", "--shapes",
+        help="static, dynamic, generation (comma-separated; static runs first). generation: one generative class per "
+        "model type, token-id parity of 8 greedy tokens generated from the exported folder (our engine only).",
+    ),
     classes: str = typer.Option("base", "--classes", help="base (one base model class per model type) | all (every Auto-mapping class)."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated fnmatch patterns on class name or model type."),
     shard: Optional[str] = typer.Option(None, "--shard", help="i/n: run every n-th class starting at i (0-based)."),
@@ -51,7 +55,9 @@ def sweep(
 
     backends = _split(backend, BACKENDS, "--backend")
     engines = list(ENGINES) if engine == "both" else _split(engine, ENGINES, "--engine")
-    dynamics = [s == "dynamic" for s in _split(shapes, ("static", "dynamic"), "--shapes")]
+    shape_modes = _split(shapes, ("static", "dynamic", "generation"), "--shapes")
+    dynamics = [s == "dynamic" for s in shape_modes if s != "generation"]
+    generation = "generation" in shape_modes
     import transformers
 
     all_classes = class_sets.all_classes()
@@ -59,8 +65,13 @@ def sweep(
     pool = all_classes if classes == "all" else base
     if smoke:
         pool = {c: all_classes.get(c, base.get(c, "")) for c in smoke_set.smoke_classes()}
+    generative = class_sets.generative_classes()
+    gen_pool = generative if classes != "all" or not generation else {c: t for c, t in all_classes.items() if c in generative}
+    if smoke and generation:
+        gen_pool = {c: t for c, t in pool.items() if c in generative}
     try:
-        selected = class_sets.select(pool, only, shard)
+        selected = class_sets.select(pool, only, shard) if dynamics else []
+        gen_selected = class_sets.select(gen_pool, only, shard) if generation else []
     except ValueError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
@@ -78,6 +89,9 @@ def sweep(
     # a partial run samples every family: classes in a fixed pseudo-random order, not alphabetical
     ordered = sorted(selected, key=lambda c: hashlib.sha1(c.encode()).hexdigest())
     specs = runner.plan([(c, pool[c]) for c in ordered], backends, engines, dynamics, ours_skip, recheck_skips)
+    if generation:
+        gen_ordered = sorted(gen_selected, key=lambda c: hashlib.sha1(c.encode()).hexdigest())
+        specs += runner.plan([(c, gen_pool[c]) for c in gen_ordered], backends, ["ours"], ["generation"], ours_skip, recheck_skips)
     specs = [s for s in specs if not (s.get("skip") and s["engine"] != "ours")]
     for s in specs:  # EXPORT_SKIPS are ours: upstream runs every job
         if s["engine"] != "ours":
@@ -89,7 +103,9 @@ def sweep(
     pending = [s for s in specs if runner.job_key(s) not in done]
     command = "hf-exporters sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "sweep")
     typer.echo(
-        f"{len(all_classes)} model classes in the Auto mappings ({len(base)} base); {len(selected)} selected; "
+        f"{len(all_classes)} model classes in the Auto mappings ({len(base)} base"
+        + f", {len(generative)} generative"
+        + f"); {len(selected) + len(gen_selected)} selected; "
         f"{len(specs)} jobs, {len(specs) - len(pending)} already done; writing {out_dir}",
         err=True,
     )
@@ -116,13 +132,14 @@ def sweep(
         "base_classes_total": len(base),
         "class_set": "smoke" if smoke else classes,
         "classes_selected": len(selected),
+        "generative_classes_total": len(generative),
         "runs": runs,
         "revisions_recorded": sorted({r.get("revision", "?") for r in store.records()}),
     }
     summary = report.write_reports(out_dir, store.records(), meta)
     for g in summary["groups"].values():
         typer.echo(
-            f"{g['engine']:>8} {g['backend']:>10} {'dynamic' if g['dynamic'] else 'static':>7}: "
+            f"{g['engine']:>8} {g['backend']:>10} {g.get('shapes', 'dynamic' if g['dynamic'] else 'static'):>10}: "
             f"{g['pass']}/{g['total']} pass ({100 * g['pass_rate']:.1f}%), {g['skip']} skip"
         )
     if recheck_skips:

@@ -3,8 +3,13 @@
 Exports the embedded all-MiniLM-L6-v2 (real weights, tokenizer and sentences) and a tiny
 LlamaForCausalLM (a small config saved with ``save_pretrained`` and loaded back) at a prefill step
 and at a decode step with a filled DynamicCache, through every backend, each with dynamic shapes and
-checked against eager PyTorch in the backend's runtime on two input sizes. Prints a table and writes
-``reports/demo.json``: a list of rows ``{model, backend, status, max_abs_diff, export_seconds}``.
+checked against eager PyTorch in the backend's runtime on two input sizes. Then, per backend, it runs
+``hf-exporters export --task text-generation`` on the tiny Llama checkpoint (with a word-level
+tokenizer) and ``hf-exporters generate DIR --prompt ... --max-new-tokens 8 --compare-eager`` on the
+folder written, which generates from the folder alone and compares the ids with eager ``generate()``.
+Prints a table and writes ``reports/demo.json``: a list of rows ``{model, backend, status,
+max_abs_diff, export_seconds}`` (generation rows: ``{model, backend, status, same_ids_as_eager,
+tokens_per_second, export_seconds}``).
 
 Usage: ``python -m hf_exporters.demo [--backends dynamo,onnx,executorch] [--out out/demo]``
 """
@@ -42,6 +47,56 @@ def _tiny_llama(folder: Path) -> Any:
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     return transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+
+
+def write_word_tokenizer(folder: Path, vocab_size: int) -> None:
+    """Save a word-level fast tokenizer (letters and ``w<i>`` words) to ``folder``: no hub access needed."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{chr(ord("a") + i): 3 + i for i in range(26)}}
+    vocab.update({f"w{i}": i for i in range(len(vocab), vocab_size)})
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(folder)
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    """Run ``hf-exporters ARGS`` in a fresh process; return its exit status and output."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "hf_exporters.cli", *args], capture_output=True, text=True, check=False)
+    return done.returncode, done.stdout + done.stderr
+
+
+def run_generation(backends: list[str], checkpoint: Path, out: Path, prompt: str = "a b c d e f") -> list[dict[str, Any]]:
+    """Export ``checkpoint`` with ``--task text-generation`` per backend and generate from each folder
+    with ``--compare-eager``; one row per backend."""
+    import re
+
+    rows = []
+    for backend in backends:
+        folder = out / f"tiny-llama-generation-{backend}"
+        row: dict[str, Any] = {"model": "tiny-llama text-generation", "backend": backend, "max_abs_diff": None}
+        started = time.perf_counter()
+        code, text = _cli("export", str(checkpoint), "--backend", backend, "--task", "text-generation", "--output", str(folder), "--overwrite")
+        row["export_seconds"] = round(time.perf_counter() - started, 3)
+        if code == 0:
+            code, text = _cli("generate", str(folder), "--prompt", prompt, "--max-new-tokens", "8", "--compare-eager")
+        speed = re.search(r"([0-9.]+) tokens/s", text)
+        same = "equal to eager generate(): yes" in text
+        row.update(
+            status="ok" if code == 0 and same else "failed",
+            same_ids_as_eager=same,
+            tokens_per_second=float(speed.group(1)) if speed else None,
+            folder=str(folder),
+        )
+        if row["status"] != "ok":
+            row["error"] = next((line for line in reversed(text.splitlines()) if line.strip()), f"exit status {code}")
+        rows.append(row)
+        print(_format_row(row), flush=True)
+    return rows
 
 
 def _llama_inputs(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -100,6 +155,9 @@ def run(backends: list[str], out: Path, report: Path) -> list[dict[str, Any]]:
                 )
             rows.append(row)
             print(_format_row(row), flush=True)
+    checkpoint = out / "tiny-llama-checkpoint"
+    write_word_tokenizer(checkpoint, llama.config.vocab_size)
+    rows += run_generation(backends, checkpoint, out)
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(json.dumps(rows, indent=2) + "\n")
     return rows
@@ -108,6 +166,8 @@ def run(backends: list[str], out: Path, report: Path) -> list[dict[str, Any]]:
 def _format_row(row: dict[str, Any]) -> str:
     diff = "-" if row["max_abs_diff"] is None else f"{row['max_abs_diff']:.2e}"
     text = f"{row['model']:<34} {row['backend']:<11} {row['status']:<7} {diff:>10} {row['export_seconds']:>8.2f}s"
+    if "same_ids_as_eager" in row and row["status"] == "ok":
+        text += f"  same ids as eager generate(), {row['tokens_per_second']} tokens/s"
     if row["status"] != "ok":
         text += f"  {row.get('error', '')}"
     return text
@@ -125,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'model':<34} {'backend':<11} {'status':<7} {'max|diff|':>10} {'export':>9}")
     rows = run([b for b in args.backends.split(",") if b], args.out, args.report)
     ok = sum(r["status"] == "ok" for r in rows)
-    print(f"{ok}/{len(rows)} exports match eager within tolerance; rows written to {args.report}")
+    print(f"{ok}/{len(rows)} exports match eager (within tolerance; same token ids for generation); rows written to {args.report}")
     return 0 if ok == len(rows) else 1
 
 

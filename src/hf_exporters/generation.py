@@ -74,6 +74,8 @@ __all__ = [
 
 #: version of the ``export.json`` layout of a generation folder; readers refuse other versions
 GENERATION_SCHEMA_VERSION = 1
+#: relative part of a part's parity tolerance: outputs may differ by ``atol + PARITY_RTOL * max|eager output|``
+PARITY_RTOL = 1e-5
 #: names of generation-config keys the CLI and :meth:`ExportedGenerator.generate` accept as overrides
 _SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "num_beams")
 
@@ -217,11 +219,15 @@ class DecoderStep(torch.nn.Module):
         self._keep = _accepts(model, "logits_to_keep")
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key_values: list[torch.Tensor] | None = None):
+        return self._step(input_ids, attention_mask, past_key_values)
+
+    def _step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key_values: list[torch.Tensor] | None, **extra: Any):
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "past_key_values": _dynamic_cache(past_key_values),
             "use_cache": True,
+            **extra,
         }
         if self._positions:
             kwargs["position_ids"] = _position_ids(attention_mask, input_ids.shape[1])
@@ -229,6 +235,46 @@ class DecoderStep(torch.nn.Module):
             kwargs["logits_to_keep"] = 1
         out = self.model(**kwargs)
         return (out.logits[:, -1, :], *_flat_cache(out.past_key_values))
+
+
+class MultimodalPrefillStep(DecoderStep):
+    """The prefill step of a decoder-only multimodal model (LLaVA, ...) given its encoder's features:
+    ``(input_ids (B, T), attention_mask (B, T), <modality>_features (N, E)) -> (logits (B, V), *present)``.
+
+    ``input_ids`` hold one placeholder token per feature row; the model puts the features in their
+    place (``mm_encoder_outputs``, transformers' interface for precomputed encoder outputs), so the
+    graph has no vision or audio tower in it. ``N`` is the number of placeholder tokens in the batch.
+    """
+
+    def __init__(self, model: torch.nn.Module, modality: str):
+        super().__init__(model)
+        self.modality = modality
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor):  # type: ignore[override]
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        outputs = {self.modality: BaseModelOutputWithPooling(pooler_output=[features])}
+        return self._step(input_ids, attention_mask, None, mm_encoder_outputs=outputs)
+
+
+class ModalityEncoderStep(torch.nn.Module):
+    """A multimodal model's encoder for one modality, projector included: ``get_<modality>_features``.
+
+    ``(pixel_values (B, C, H, W), ...) -> features (N, E)``: the rows of every item, in batch order,
+    in the language model's hidden size ``E`` (one row per placeholder token of the prompt).
+    """
+
+    def __init__(self, model: torch.nn.Module, getter: str):
+        super().__init__()
+        self.model = model
+        self.getter = getter
+
+    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        out = getattr(self.model, self.getter)(**inputs, return_dict=True)
+        features = getattr(out, "pooler_output", out)
+        if isinstance(features, (list, tuple)):
+            features = torch.cat(list(features), dim=0)
+        return features.reshape(-1, features.shape[-1])
 
 
 class StaticDecoderStep(torch.nn.Module):
@@ -356,6 +402,8 @@ def _auto(*axes: int) -> dict[int, Any]:
 # would let a lowering that re-traces the program prove the caches, mask and queries agree, but they
 # fail the trace on guards such as ``batch != 1`` from the masking utilities; kept as AUTO for now.
 _BATCH = _SEQ = _PAST = _ENCODER_SEQ = torch.export.Dim.AUTO
+#: upper bound of a named cache-length dimension (positions)
+_MAX_PAST = 4096
 
 
 def _relaxed(spec: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
@@ -413,9 +461,11 @@ def build_parts(model: torch.nn.Module, inputs: Mapping[str, Any], generation_co
     captured = decompose_for_generation(model, inputs, generation_config)
     prefill_call, decode_call = captured["prefill"], captured["decode"]
     gen = generation_config if generation_config is not None else model.generation_config
-    if "pixel_values" in prefill_call or "pixel_values_videos" in prefill_call:
-        raise InputError(f"{type(model).__name__}: multimodal generation (vision/audio encoder parts) is not supported yet")
+    given = {**dict(inputs), **prefill_call}
+    modality = _modality_of(model, given)
     with torch.no_grad():
+        if modality is not None:
+            return _multimodal_parts(model, given, decode_call, modality)
         if "encoder" in captured:
             return _seq2seq_parts(model, captured)
         if getattr(gen, "cache_implementation", None) == "static":
@@ -424,6 +474,8 @@ def build_parts(model: torch.nn.Module, inputs: Mapping[str, Any], generation_co
 
 
 def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], decode_call: dict[str, Any]) -> dict[str, GenerationPart]:
+    if "cache_params" in prefill_call or "past_key_values" not in inspect.signature(model.forward).parameters:
+        raise InputError(f"{type(model).__name__}: a state-space cache (cache_params) is not supported yet; only key/value caches are")
     if "input_ids" not in prefill_call:
         raise InputError(f"{type(model).__name__}: generate() did not pass input_ids to forward")
     step = DecoderStep(model)
@@ -454,6 +506,98 @@ def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], de
             "decode",
             "decode",
             step,
+            decode_inputs,
+            {"input_ids": {0: _BATCH}, "attention_mask": {0: _BATCH, 1: _PAST}, "past_key_values": _cache_spec(cache, _PAST)},
+            ["logits", *_present_names(len(cache))],
+            layout,
+        ),
+    }
+
+
+#: modality -> (the input that carries it, the model method that encodes it, the part name)
+_MODALITIES = {"image": ("pixel_values", "get_image_features", "image_encoder")}
+#: inputs of a modality this module cannot export yet
+_UNSUPPORTED_MODALITY_INPUTS = ("pixel_values_videos", "input_features", "input_values", "audio_values")
+
+
+def _modality_of(model: torch.nn.Module, prefill_call: dict[str, Any]) -> str | None:
+    """The modality whose encoder a decoder-only model's prefill step ran (None for text only):
+    ``generate()`` passes either the raw input (``pixel_values``) or the encoder's outputs it computed
+    before the loop (``mm_encoder_outputs={"image": ...}``); ``prefill_call`` holds the prefill step's
+    keyword arguments merged over the ``generate()`` inputs.
+
+    Raises:
+        InputError: a modality without an encoder part here (video, audio in a decoder-only model), or
+            a model without ``mm_encoder_outputs`` (transformers' precomputed-features interface).
+    """
+    if getattr(model.config, "is_encoder_decoder", False):
+        return None
+    encoded = prefill_call.get("mm_encoder_outputs") or {}
+    present = [name for name, (key, _, _) in _MODALITIES.items() if isinstance(prefill_call.get(key), torch.Tensor) or name in encoded]
+    unknown = [name for name in encoded if name not in _MODALITIES]
+    if unknown:
+        raise InputError(f"{type(model).__name__}: generation with {unknown} encoder parts is not supported yet")
+    unsupported = [key for key in _UNSUPPORTED_MODALITY_INPUTS if isinstance(prefill_call.get(key), torch.Tensor)]
+    if unsupported:
+        raise InputError(f"{type(model).__name__}: generation with {unsupported} (video or audio encoder parts) is not supported yet")
+    if not present:
+        return None
+    modality = present[0]
+    getter = _MODALITIES[modality][1]
+    if not _accepts_named(model, "mm_encoder_outputs") or not callable(getattr(model, getter, None)):
+        raise InputError(
+            f"{type(model).__name__}: multimodal generation needs forward(mm_encoder_outputs=...) and {getter}(); "
+            "this model has not both"
+        )
+    return modality
+
+
+def _accepts_named(module: torch.nn.Module, name: str) -> bool:
+    return name in inspect.signature(module.forward).parameters
+
+
+def _multimodal_parts(model: torch.nn.Module, prefill_call: dict[str, Any], decode_call: dict[str, Any], modality: str) -> dict[str, GenerationPart]:
+    """Encoder (``get_<modality>_features``), prefill over the features, and the text decode step."""
+    key, getter, part_name = _MODALITIES[modality]
+    wanted = inspect.signature(getattr(model, getter)).parameters
+    batched = {k: v for k, v in prefill_call.items() if k in wanted and isinstance(v, torch.Tensor)}
+    # one item (image) per encoder call: models split the features per item in Python (a list as long
+    # as the batch), which would fix the batch of the graph; the generator calls it once per item
+    items = batched[key].shape[0]
+    encoder_inputs = {k: (v[:1].clone() if v.dim() and v.shape[0] == items else v) for k, v in batched.items()}
+    encoder_step = ModalityEncoderStep(model, getter)
+    features = torch.cat([encoder_step(**{k: (v[i : i + 1] if v.dim() and v.shape[0] == items else v) for k, v in batched.items()}) for i in range(items)])
+    ids = prefill_call["input_ids"]
+    mask = _mask_or_ones(prefill_call, ids)
+    feature_name = f"{modality}_features"
+    prefill_step = MultimodalPrefillStep(model, modality)
+    prefill_inputs = {"input_ids": ids, "attention_mask": mask, "features": features}
+    out = prefill_step(**prefill_inputs)
+    cache = [t.clone() for t in out[1:]]
+    decode_inputs = {
+        "input_ids": decode_call["input_ids"][:, -1:].clone(),
+        "attention_mask": torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1),
+        "past_key_values": cache,
+    }
+    layout = {"kind": "dynamic", "layers": len(cache) // 2, "tensor_layout": "(batch, kv_heads, seq, head_dim); key then value per layer"}
+    return {
+        part_name: GenerationPart(
+            part_name, "encoder", encoder_step, encoder_inputs, {}, [feature_name], extra={"modality": modality, "input": key, "per_item": True}
+        ),
+        "prefill": GenerationPart(
+            "prefill",
+            "prefill",
+            prefill_step,
+            prefill_inputs,
+            {"input_ids": {0: _BATCH, 1: _SEQ}, "attention_mask": {0: _BATCH, 1: _SEQ}, "features": _auto(0)},
+            ["logits", *_present_names(len(cache))],
+            layout,
+            {"features_input": "features", "modality": modality},
+        ),
+        "decode": GenerationPart(
+            "decode",
+            "decode",
+            DecoderStep(model),
             decode_inputs,
             {"input_ids": {0: _BATCH}, "attention_mask": {0: _BATCH, 1: _PAST}, "past_key_values": _cache_spec(cache, _PAST)},
             ["logits", *_present_names(len(cache))],
@@ -527,8 +671,19 @@ def _seq2seq_parts(model: torch.nn.Module, captured: dict[str, dict[str, Any]]) 
         spec["attention_mask"] = {0: _BATCH, 1: _ENCODER_SEQ}
     out = decoder_step(**prefill_inputs)
     cache = [t.clone() for t in out[1:]]
-    decode_inputs = {**prefill_inputs, "decoder_input_ids": captured["decode"]["decoder_input_ids"][:, -1:].clone(), "past_key_values": cache}
     half = len(cache) // 2
+    token = captured["decode"]["decoder_input_ids"][:, -1:].clone()
+    past = torch.export.Dim.AUTO
+    if half and cache[0].shape[2] < 2:
+        # The decode example takes one step more, so that its self-attention cache holds 2 positions:
+        # the shared named dimension ``past`` (one symbol for every layer's self-attention key and
+        # value) then survives the trace, and lowerings that re-trace the program (ExecuTorch's
+        # to_edge) still see that the layers' cache lengths are equal.
+        stepped = decoder_step(**prefill_inputs, past_key_values=[t.clone() for t in cache])
+        cache = [t.clone() for t in stepped[1:]]
+        token = stepped[0].argmax(-1, keepdim=True)
+        past = torch.export.Dim("past", min=1, max=_MAX_PAST)
+    decode_inputs = {**prefill_inputs, "decoder_input_ids": token, "past_key_values": cache}
     sequences = captured.get("generate", {}).get("sequences")
     # Some models (Whisper) return only the generated tokens, without the decoder start tokens.
     extra = {"returns_decoder_prompt": sequences is None or sequences.shape[1] >= start.shape[1] + 2}
@@ -548,7 +703,7 @@ def _seq2seq_parts(model: torch.nn.Module, captured: dict[str, dict[str, Any]]) 
             "decode",
             decoder_step,
             decode_inputs,
-            {**spec, "decoder_input_ids": {0: _BATCH}, "past_key_values": _cache_spec(cache[:half], _PAST) + _cache_spec(cache[half:], _ENCODER_SEQ)},
+            {**spec, "decoder_input_ids": {0: _BATCH}, "past_key_values": _cache_spec(cache[:half], past) + _cache_spec(cache[half:], _ENCODER_SEQ)},
             ["logits", *_present_names(len(cache))],
             layout,
             extra,
@@ -590,7 +745,8 @@ class GenerationArtifacts(dict):
         the tokenizer or processor files (when ``preprocessor`` is given) and ``export.json``.
 
         With ``validate``, each saved part is run in the backend's runtime on its example inputs and
-        compared with the eager module (max abs difference per output, recorded as ``parity``).
+        compared with the eager module (max abs difference, recorded as ``parity``; the tolerance is the
+        exporter's ``default_atol`` plus :data:`PARITY_RTOL` times the largest eager output value).
         The folder is written beside the target and moved into place at the end.
 
         Returns:
@@ -634,12 +790,15 @@ class GenerationArtifacts(dict):
                     actual = [torch.as_tensor(a) for a in runner(_copy_inputs(part.inputs))]
                     diffs = compare_leaves(list(zip(part.output_names, expected)), actual, self.exporter.default_atol)
                     worst = max((d.max_abs_diff for d in diffs), default=0.0)
-                    ok = all(d.ok(self.exporter.default_atol) for d in diffs) and len(actual) == len(expected)
-                    entry["parity"] = {"atol": self.exporter.default_atol, "max_abs_diff": worst, "ok": ok}
+                    # float32 rounding grows with the values' size (logits of tens): atol + rtol * max|eager|
+                    scale = max((float(e.abs().max()) for e in expected if isinstance(e, torch.Tensor) and e.numel()), default=0.0)
+                    limit = self.exporter.default_atol + PARITY_RTOL * scale
+                    ok = all(not d.nonfinite and d.max_abs_diff <= limit for d in diffs) and len(actual) == len(expected)
+                    entry["parity"] = {"atol": self.exporter.default_atol, "rtol": PARITY_RTOL, "max_abs_eager": scale, "max_abs_diff": worst, "ok": ok}
                     if not ok:
                         raise ParityError(
-                            f"part {name!r}: outputs differ from eager beyond atol {self.exporter.default_atol} "
-                            f"(max abs diff {worst:.3g}; {len(actual)} outputs vs {len(expected)} expected)"
+                            f"part {name!r}: outputs differ from eager beyond atol {self.exporter.default_atol} + "
+                            f"rtol {PARITY_RTOL} x max|eager| {scale:.3g} (max abs diff {worst:.3g}; {len(actual)} outputs vs {len(expected)} expected)"
                         )
                 parts_manifest[name] = entry
             self.model.config.save_pretrained(staging)
@@ -674,6 +833,20 @@ def _copy_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
     return {k: ([t.clone() for t in v] if isinstance(v, list) else v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
 
 
+def _widen_batch(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """``inputs`` with a batch of 1 repeated to a batch of 2 (every tensor whose leading size is the batch).
+
+    The examples only drive the trace. From a batch-1 example, size-oblivious sizes keep the batch
+    symbolic but torch.export then solves reshapes such as ``view(batch, seq, -1, head_dim)`` to head
+    counts like ``4 // batch`` (seen with Mistral and Gemma3), which the ONNX SDPA lowering refuses and
+    which would fix the batch of later graphs; a batch of 2 gives plain head counts.
+    """
+    ids = inputs.get("input_ids", inputs.get("input_features", inputs.get("inputs_embeds")))
+    if not isinstance(ids, torch.Tensor) or ids.dim() == 0 or ids.shape[0] != 1:
+        return dict(inputs)
+    return {k: (v.repeat(2, *([1] * (v.dim() - 1))) if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == 1 else v) for k, v in inputs.items()}
+
+
 def export_for_generation(exporter: Any, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any = None, generation_config: Any = None) -> GenerationArtifacts:
     """Export each part of ``model``'s generation loop with ``exporter`` (dynamic batch, sequence and cache axes).
 
@@ -685,6 +858,9 @@ def export_for_generation(exporter: Any, model: torch.nn.Module, inputs: Mapping
         generation_config: optional ``GenerationConfig``; ``cache_implementation="static"`` with
             ``max_cache_len`` exports the static-cache decode graph.
 
+    A batch of 1 in ``inputs`` is repeated to a batch of 2 for the trace (see :func:`_widen_batch`);
+    the graphs take any batch size.
+
     Returns:
         a :class:`GenerationArtifacts`: ``{part name: native artifact}`` with ``save_pretrained(dir)``.
 
@@ -694,7 +870,7 @@ def export_for_generation(exporter: Any, model: torch.nn.Module, inputs: Mapping
     """
     from .pipeline import dynamic_axes
 
-    parts = build_parts(model, inputs, generation_config)
+    parts = build_parts(model, _widen_batch(inputs), generation_config)
     base = config if config is not None else exporter.config_class()
     artifacts: dict[str, Any] = {}
     axes: dict[str, Any] = {}
@@ -906,7 +1082,8 @@ class ExportedGenerator:
             max_new_tokens: overrides the generation config's.
             generation_config: a ``GenerationConfig`` replacing the folder's.
             **kwargs: ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty`` overrides,
-                and other encoder inputs (``input_features (B, F, N)`` for speech models).
+                and other encoder inputs (``input_features (B, F, N)`` for speech models, ``pixel_values
+                (B, C, H, W)`` for a vision-language model, whose ``input_ids`` then hold its image tokens).
 
         Returns:
             ``(B, T + n)`` ids for decoder-only models (prompt then new tokens), ``(B, 1 + n)`` decoder ids
@@ -914,7 +1091,8 @@ class ExportedGenerator:
             for models whose ``generate()`` drops the start token, such as Whisper).
 
         Raises:
-            InputError: no input given, beam search asked for, or a static cache too short for the request.
+            InputError: no input given, an encoder input missing or an unknown one given, beam search
+                asked for, or a static cache too short for the request.
         """
         from transformers.generation.utils import GenerationMixin
 
@@ -930,6 +1108,10 @@ class ExportedGenerator:
             if input_ids is None:
                 raise InputError("generate() needs input_ids (B, T)")
             batch = input_ids.shape[0]
+            if "encoder" in self.roles:  # multimodal: the encoder's features go to the prefill step
+                prefill_extra = {"features": self._encode(kwargs)}
+            elif kwargs:
+                raise InputError(f"unexpected inputs {sorted(kwargs)}: this folder's model takes input_ids and attention_mask")
         GenerationMixin._prepare_special_tokens(shim, config, attention_mask is not None, device="cpu", batch_size=batch)
         eos = config._eos_token_tensor
         pad = config._pad_token_tensor
@@ -974,6 +1156,8 @@ class ExportedGenerator:
                     feed = {"input_ids": current, "attention_mask": mask}
                     if step:
                         feed["past_key_values"] = cache
+                    elif "encoder" in self.roles:
+                        feed.update(prefill_extra)
                     outputs = self._run("prefill" if step == 0 else "decode", feed)
                 logits, cache = outputs[0].float(), outputs[1:]
                 scores = processors(sequences, logits)
@@ -999,11 +1183,24 @@ class ExportedGenerator:
         return sequences
 
     def _encode(self, encoder_inputs: dict[str, Any]) -> torch.Tensor:
-        names = [i["name"] for i in self.manifest["parts"][self.roles["encoder"]]["inputs"]]
+        part = self.manifest["parts"][self.roles["encoder"]]
+        names = [i["name"] for i in part["inputs"]]
         missing = [n for n in names if n not in encoder_inputs]
         if missing:
             raise InputError(f"the encoder takes {names}; missing {missing}")
-        return self._run("encoder", {n: encoder_inputs[n] for n in names})[0]
+        unknown = sorted(set(encoder_inputs) - set(names) - {"input_ids", "attention_mask"})
+        if unknown:
+            raise InputError(f"unexpected inputs {unknown}: the encoder takes {names}")
+        extra = part.get("extra", {})
+        if not extra.get("per_item"):
+            return self._run("encoder", {n: encoder_inputs[n] for n in names})[0]
+        # a per-item encoder (a vision tower): one call per image, features concatenated in batch order
+        items = encoder_inputs[extra["input"]].shape[0]
+        rows = []
+        for i in range(items):
+            feed = {n: (encoder_inputs[n][i : i + 1] if encoder_inputs[n].dim() and encoder_inputs[n].shape[0] == items else encoder_inputs[n]) for n in names}
+            rows.append(self._run("encoder", feed)[0])
+        return torch.cat(rows)
 
     def _static_step(self, sequences: torch.Tensor, mask: torch.Tensor, step: int, cache: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
         """One static-cache step; ``mask`` is the ``(B, T)`` prompt mask at step 0, the ``(B, M)`` running mask after."""

@@ -53,6 +53,31 @@ def base_classes() -> dict[str, str]:
     return {name: _own_type(name, found) for name, found in types.items()}
 
 
+#: Auto mappings of generative heads, in the order a model type's class is taken from them (an
+#: encoder-decoder type's full model before its decoder-only ``ForCausalLM``)
+GENERATIVE_MAPPINGS = (
+    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+)
+
+
+def generative_classes() -> dict[str, str]:
+    """One generative class per model type (seq2seq LM, else speech seq2seq, image-text-to-text, causal LM):
+    ``{class name: model_type}``, the classes the sweep's generation mode runs. A class several model
+    types reuse is listed once, under the type it is named after (as :func:`base_classes`)."""
+    mappings = auto_mappings()
+    chosen: dict[str, str] = {}
+    for mapping_name in GENERATIVE_MAPPINGS:
+        for model_type, value in mappings.get(mapping_name, {}).items():
+            chosen.setdefault(model_type, _names(value)[0])
+    types: dict[str, list[str]] = {}
+    for model_type, name in chosen.items():
+        types.setdefault(name, []).append(model_type)
+    return {name: _own_type(name.split("For")[0] + "Model", found) for name, found in types.items()}
+
+
 def select(classes: dict[str, str], only: str | None = None, shard: str | None = None) -> list[str]:
     """Class names sorted, filtered by ``only`` (comma-separated fnmatch patterns on the class name or
     model type) and by ``shard`` ("i/n", 0-based: every n-th class starting at i)."""

@@ -32,6 +32,7 @@ ERROR_KINDS: list[tuple[str, re.Pattern[str]]] = [
     ("specialised axis", re.compile(r"specializ|specialis|Constraints violated|ended static|not in range \[|ConstraintViolation|is not equal to|marked .* as dynamic", re.I)),
     ("dynamic control flow", re.compile(r"control flow|torch\.cond|Dynamic slicing|GuardOnDataDependent", re.I)),
     ("unsupported op", re.compile(r"No ONNX function found|DispatchError|not supported|unsupported|no decomposition|NotImplementedError|Could not run '|is not implemented|Missing out variant|operator .* not found|No kernel", re.I)),
+    ("token id mismatch", re.compile(r"token ids differ from eager", re.I)),
     ("numeric mismatch", re.compile(r"differ from eager beyond|NaN/inf where eager", re.I)),
     ("output structure mismatch", re.compile(r"returned \d+ outputs where eager|artifact shape .* != eager shape", re.I)),
     ("onnxruntime error", re.compile(r"ONNXRuntimeError|onnxruntime|\[ONNX", re.I)),
@@ -109,8 +110,8 @@ def _no_cache(config: Any) -> None:
         stack.extend(v for v in vars(current).values() if isinstance(v, PretrainedConfig))
 
 
-def build_model(class_name: str) -> Any:
-    """The tiny model of ``class_name`` (seeded, eval mode)."""
+def build_model(class_name: str, use_cache: bool = False) -> Any:
+    """The tiny model of ``class_name`` (seeded, eval mode); ``use_cache`` False unless asked (generation)."""
     import torch
 
     from .classes import resolve
@@ -118,7 +119,8 @@ def build_model(class_name: str) -> Any:
 
     cls = resolve(class_name)
     config = tiny_config(cls.config_class)
-    _no_cache(config)
+    if not use_cache:
+        _no_cache(config)
     torch.manual_seed(0)
     model = cls(config).eval()
     count = parameter_count(model)
@@ -240,7 +242,8 @@ def _probe(kind: str) -> None:
 def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one job and return its record (never raises for a model failure).
 
-    ``spec``: ``class``, ``backend``, ``dynamic``, ``engine`` ("ours" | "upstream"), optional ``probe``.
+    ``spec``: ``class``, ``backend``, ``dynamic``, ``engine`` ("ours" | "upstream"), optional ``probe``,
+    optional ``mode`` ("generation": token-id parity of 8 greedy tokens, see :func:`_run_generation`).
     """
     started = time.perf_counter()
     record: dict[str, Any] = {"outcome": "fail", "stage": None, "kind": None, "blamed": None, "message": None}
@@ -248,7 +251,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         if spec.get("probe"):
             with _at("eager"):
                 _probe(spec["probe"])
-        _run(spec, record)
+        (_run_generation if spec.get("mode") == "generation" else _run)(spec, record)
         record["outcome"] = "pass"
     except _Failed as failed:
         record.update(stage=failed.stage, message=failed.message, blamed=failed.blamed, kind=classify(failed.message))
@@ -339,3 +342,72 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
                 raise _Failed("parity", ParityError(message), message[:300], None)
         record["atol"] = ours.default_atol
         record["input_sets"] = len(input_sets)
+
+
+#: new tokens a generation job compares
+GENERATION_TOKENS = 8
+#: generate() inputs a generation job passes on from the sweep's forward inputs
+_GENERATE_INPUTS = ("input_ids", "attention_mask", "input_features", "input_values", "pixel_values")
+
+
+def _run_generation(spec: dict[str, Any], record: dict[str, Any]) -> None:
+    """Generation mode: export the generation parts (:func:`hf_exporters.generation.export_for_generation`),
+    write the folder, generate :data:`GENERATION_TOKENS` greedy tokens from it with the backend's runtime
+    and compare the ids with eager ``generate()`` on the same inputs (a batch of 2)."""
+    import copy
+
+    import torch
+
+    from ..errors import ExportStageError, InputError, ParityError
+    from ..generation import ExportedGenerator, export_for_generation
+    from ..pipeline import make_config, make_exporter
+    from .inputs import build_inputs
+
+    if spec.get("engine", "ours") != "ours":
+        raise _Failed("exporter", NotImplementedError("generation mode runs our exporters only"))
+    torch.set_num_threads(int(os.environ.get("HF_EXPORTERS_SWEEP_THREADS", "1")))
+    with _at("tiny config"):
+        model = build_model(spec["class"], use_cache=True)
+        record["parameters"] = sum(p.numel() for p in model.parameters())
+        if not hasattr(model, "generate"):
+            raise TypeError(f"{spec['class']} has no generate()")
+    with _at("inputs"):
+        inputs = {k: v for k, v in build_inputs(model).items() if k in _GENERATE_INPUTS}
+        if not inputs:
+            raise InputError("no generate() input (input_ids, input_features, ...) among the sweep's inputs")
+        record["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
+        generation_config = copy.deepcopy(model.generation_config)
+        generation_config.update(max_new_tokens=GENERATION_TOKENS, min_new_tokens=GENERATION_TOKENS, do_sample=False, num_beams=1)
+        if getattr(model.config, "is_encoder_decoder", False) and generation_config.decoder_start_token_id is None and generation_config.bos_token_id is None:
+            # tiny configs built from defaults may name no start token; eager and exported runs share this one
+            generation_config.decoder_start_token_id = generation_config.pad_token_id or 0
+            model.generation_config.decoder_start_token_id = generation_config.decoder_start_token_id
+    with _at("eager"), torch.no_grad():
+        eager = model.generate(**inputs, generation_config=generation_config)
+        eager = getattr(eager, "sequences", eager)
+    exporter = make_exporter(spec["backend"])
+    try:
+        artifacts = export_for_generation(exporter, model, inputs, make_config(exporter, True, None))
+    except ExportStageError as error:
+        stage = "lowering" if error.stage.startswith(("lowering", "serialisation")) else f"exporter {error.stage}"
+        raise _Failed(stage, error, error.detail, error.blamed) from error
+    except InputError as error:
+        raise _Failed("exporter decompose", error) from error
+    except Exception as error:  # noqa: BLE001
+        raise _Failed("exporter", error) from error
+    with tempfile.TemporaryDirectory(prefix="hf-sweep-gen-") as tmp:
+        try:
+            artifacts.save_pretrained(f"{tmp}/folder")
+        except ParityError as error:
+            raise _Failed("parity", error) from error
+        except Exception as error:  # noqa: BLE001
+            raise _Failed("runtime", error) from error
+        with _at("runtime"):
+            generator = ExportedGenerator.from_pretrained(f"{tmp}/folder", load_preprocessor=False)
+            ids = generator.generate(**inputs, generation_config=generation_config)
+    record["atol"] = exporter.default_atol
+    record["new_tokens"] = GENERATION_TOKENS
+    if ids.tolist() != eager.tolist():
+        same = int((ids == eager).all(dim=0).long().cumprod(0).sum()) if ids.shape == eager.shape else 0
+        message = f"ParityError: token ids differ from eager generate() (shapes {list(ids.shape)} vs {list(eager.shape)}; first {same} positions equal)"
+        raise _Failed("parity", ParityError(message), message, None)

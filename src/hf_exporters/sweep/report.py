@@ -28,8 +28,13 @@ def latest(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def shapes_of(record: dict[str, Any]) -> str:
+    """``static``, ``dynamic`` or ``generation`` (token-id parity of a generation-mode job)."""
+    return "generation" if record.get("mode") == "generation" else ("dynamic" if record["dynamic"] else "static")
+
+
 def _group(record: dict[str, Any]) -> str:
-    return f"{record['engine']}|{record['backend']}|{'dynamic' if record['dynamic'] else 'static'}"
+    return f"{record['engine']}|{record['backend']}|{shapes_of(record)}"
 
 
 def _failure_stage(record: dict[str, Any]) -> str:
@@ -43,13 +48,15 @@ def summarize(records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, 
     """Per engine × backend × dynamic: total, pass, skip, failures by stage and by kind, pass rate."""
     rows = latest(records)
     groups: dict[str, dict[str, Any]] = {}
-    for record in sorted(rows, key=lambda r: (ENGINES.index(r["engine"]) if r["engine"] in ENGINES else 9, r["backend"], r["dynamic"])):
+    order = {"static": 0, "dynamic": 1, "generation": 2}
+    for record in sorted(rows, key=lambda r: (ENGINES.index(r["engine"]) if r["engine"] in ENGINES else 9, r["backend"], order[shapes_of(r)])):
         g = groups.setdefault(
             _group(record),
             {
                 "engine": record["engine"],
                 "backend": record["backend"],
                 "dynamic": record["dynamic"],
+                "shapes": shapes_of(record),
                 "total": 0,
                 "pass": 0,
                 "skip": 0,
@@ -89,7 +96,7 @@ def _table(summary: dict[str, Any]) -> list[str]:
     for g in summary["groups"].values():
         stages = ", ".join(f"{k} {v}" for k, v in list(g["failures_by_stage"].items())[:5])
         lines.append(
-            f"| {g['engine']} | {g['backend']} | {'dynamic' if g['dynamic'] else 'static'} | {g['total']} | {g['pass']} | "
+            f"| {g['engine']} | {g['backend']} | {g.get('shapes', 'dynamic' if g['dynamic'] else 'static')} | {g['total']} | {g['pass']} | "
             f"{g['skip']} | {g['fail']} | {100 * g['pass_rate']:.1f}% | {stages} |"
         )
     return lines
@@ -97,15 +104,15 @@ def _table(summary: dict[str, Any]) -> list[str]:
 
 def compare_engines(records: list[dict[str, Any]]) -> dict[str, list[str]]:
     """Jobs (class, backend, shapes) that pass with ours and fail upstream, and the reverse."""
-    by = {(r["engine"], r["backend"], r["dynamic"], r["model_class"]): r["outcome"] for r in latest(records)}
+    by = {(r["engine"], r["backend"], shapes_of(r), r["model_class"]): r["outcome"] for r in latest(records)}
     ours_only, upstream_only = [], []
-    for (engine, backend, dynamic, cls), outcome in sorted(by.items()):
+    for (engine, backend, shapes, cls), outcome in sorted(by.items()):
         if engine != "ours":
             continue
-        other = by.get(("upstream", backend, dynamic, cls))
+        other = by.get(("upstream", backend, shapes, cls))
         if other is None:
             continue
-        label = f"{cls} ({backend}, {'dynamic' if dynamic else 'static'})"
+        label = f"{cls} ({backend}, {shapes})"
         if outcome == "pass" and other != "pass":
             ours_only.append(label)
         elif other == "pass" and outcome not in ("pass", "skip"):
@@ -158,7 +165,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"- Command(s): {'; '.join('`' + r.get('command', '') + '`' for r in summary.get('runs', [])) or '?'}",
         "- A pass is numeric parity within the backend's tolerance on every output element, in the backend's real "
         "runtime (torch.export.load / onnxruntime / executorch.runtime); dynamic jobs also run a second input set "
-        "of other sizes and fail when an axis asked to be dynamic ended static.",
+        "of other sizes and fail when an axis asked to be dynamic ended static. Generation jobs (shapes "
+        "`generation`, one generative class per model type, our engine only) export the prefill/decode (and encoder) "
+        "parts, generate 8 greedy tokens from the written folder in the runtime and pass when the ids equal eager `generate()`.",
         "",
         "## Pass rates",
         "",
@@ -223,7 +232,7 @@ def write_chart(path: Path, summary: dict[str, Any]) -> None:
     colors = {"ours": (31, 119, 180), "upstream": (255, 127, 14)}
     groups: dict[str, dict[str, float]] = collections.OrderedDict()
     for g in summary["groups"].values():
-        label = f"{g['backend']} {'dyn' if g['dynamic'] else 'static'}".upper()
+        label = f"{g['backend']} {({'dynamic': 'dyn', 'generation': 'gen'}).get(g.get('shapes', ''), 'dyn' if g['dynamic'] else 'static')}".upper()
         groups.setdefault(label, {})[g["engine"]] = g["pass_rate"]
     scale = 2
     bar_w, gap, plot_h, left, top, bottom = 28, 24, 200, 40, 30, 40

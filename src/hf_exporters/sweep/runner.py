@@ -73,8 +73,15 @@ def code_revision() -> str:
     return f"{head or 'nogit'}+{digest.hexdigest()[:12]}"
 
 
+def shapes_label(spec: dict[str, Any]) -> str:
+    """``static``, ``dynamic`` or ``generation`` (a generation-mode job) for a spec or a record."""
+    if spec.get("mode") == "generation":
+        return "generation"
+    return "dynamic" if spec["dynamic"] else "static"
+
+
 def job_key(spec: dict[str, Any]) -> str:
-    return f"{spec.get('engine', 'ours')}|{spec['backend']}|{'dynamic' if spec['dynamic'] else 'static'}|{spec['class']}"
+    return f"{spec.get('engine', 'ours')}|{spec['backend']}|{shapes_label(spec)}|{spec['class']}"
 
 
 # ── Results file ─────────────────────────────────────────────────────────────
@@ -332,7 +339,7 @@ def run_jobs(
 
     memory = int(memory_gb * 2**30)
     records: list[dict[str, Any]] = []
-    class_failures: dict[str, dict[str, Any]] = {}
+    class_failures: dict[tuple[str, str], dict[str, Any]] = {}  # (class, mode) -> its first class-level failure
     counts = {"pass": 0, "fail": 0, "skip": 0, "timeout": 0, "crash": 0, "oom": 0}
     bar = _progress(len(specs), progress)
     lock = threading.Lock()
@@ -344,6 +351,7 @@ def run_jobs(
             engine=spec.get("engine", "ours"),
             backend=spec["backend"],
             dynamic=bool(spec["dynamic"]),
+            mode=spec.get("mode", "forward"),
             model_class=spec["class"],
             model_type=spec.get("model_type"),
             versions=store.versions,
@@ -356,7 +364,7 @@ def run_jobs(
         with lock:
             records.append(record)
             if record.get("outcome") == "fail" and record.get("stage") in CLASS_STAGES:
-                class_failures.setdefault(spec["class"], record)
+                class_failures.setdefault((spec["class"], spec.get("mode", "forward")), record)
             counts[record.get("outcome", "fail")] = counts.get(record.get("outcome", "fail"), 0) + 1
             if bar is not None:
                 bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in counts.items() if v), refresh=False)
@@ -366,7 +374,7 @@ def run_jobs(
 
     def reused(spec: dict[str, Any]) -> dict[str, Any] | None:
         with lock:
-            earlier = class_failures.get(spec["class"])
+            earlier = class_failures.get((spec["class"], spec.get("mode", "forward")))
         if earlier is None:
             return None
         copy = {k: earlier[k] for k in ("outcome", "stage", "kind", "blamed", "message") if k in earlier}
@@ -462,15 +470,21 @@ def plan(
     recheck_skips: bool = False,
 ) -> list[dict[str, Any]]:
     """Job specs in priority order: each dynamic setting in turn (static first), then class by class,
-    every backend, ours then upstream, so a partial run compares both engines on the same classes."""
+    every backend, ours then upstream, so a partial run compares both engines on the same classes.
+    A ``dynamics`` entry ``"generation"`` plans generation-mode jobs (dynamic, ours only)."""
     classes = list(classes)
     specs = []
     for dynamic in dynamics:
+        generation = dynamic == "generation"
         for class_name, model_type in classes:
             for backend in backends:
                 for engine in engines:
-                    spec = {"class": class_name, "model_type": model_type, "backend": backend, "dynamic": dynamic, "engine": engine}
-                    reason = skip_reason(class_name, backend, dynamic) if skip_reason else None
+                    if generation and engine != "ours":
+                        continue
+                    spec = {"class": class_name, "model_type": model_type, "backend": backend, "dynamic": bool(dynamic), "engine": engine}
+                    if generation:
+                        spec["mode"] = "generation"
+                    reason = skip_reason(class_name, backend, bool(dynamic)) if skip_reason else None
                     if reason:
                         if recheck_skips:
                             spec["recheck"] = reason
