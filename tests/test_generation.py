@@ -3,7 +3,7 @@
 Each check exports a tiny model's generation parts with one backend, writes the artifact folder,
 loads it with ``ExportedGenerator.from_pretrained`` and compares the ids of 8 new tokens with eager
 ``model.generate()`` on the export inputs and on inputs of another batch size / length.
-Default subset: Llama on the three backends, T5 on dynamo, folder checks, CLI. The rest is ``slow``.
+Default subset: Llama on the three backends, T5 and LLaVA on dynamo, folder checks, CLI. The rest is ``slow``.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def phi3():
 
 
 def mistral_sliding():
-    """sliding_window=4 with 6-9 prompt tokens and 8 new ones: generation runs far past the window.
+    """H3 (Mistral decode steps on a filled DynamicCache), with sliding_window=4 and 6-9 prompt tokens
+    and 8 new ones: generation runs far past the window.
     Exported from a batch of 1 (widened to 2 for the trace), checked on a left-padded batch of 2 too."""
     model = tf.MistralForCausalLM(tf.MistralConfig(**TINY, sliding_window=4, eos_token_id=None))
     return _spread_weights(model), [_text_inputs(1, 6), _text_inputs(2, 9, pad_left=2, seed=1)]
@@ -144,7 +145,7 @@ MODELS = {
     "whisper": whisper,
     "llava": llava,
 }
-FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo")}
+FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo"), ("llava", "dynamo")}
 #: (model, backend) pairs that do not pass yet, expected to fail (strictly), with the cause
 XFAIL: dict[tuple[str, str], str] = {}
 
@@ -186,6 +187,11 @@ def test_greedy_ids_equal_eager(name, backend, tmp_path):
     assert all(part["parity"]["ok"] for part in manifest["parts"].values())
     generator = ExportedGenerator.from_pretrained(folder)
     _assert_same_ids(model, generator, input_sets)
+    if name == "llava":  # the folder's image encoder needs its image
+        assert manifest["parts"]["image_encoder"]["extra"] == {"modality": "image", "input": "pixel_values", "per_item": True}
+        text_only = {k: v for k, v in input_sets[0].items() if k != "pixel_values"}
+        with pytest.raises(InputError, match=r"^the encoder takes \['pixel_values'\]; missing \['pixel_values'\]$"):
+            generator.generate(**text_only, max_new_tokens=2)
 
 
 @pytest.mark.slow
@@ -278,9 +284,9 @@ def test_manifest_missing(tmp_path):
         ExportedGenerator.from_pretrained(tmp_path)
 
 
-def test_multimodal_is_refused_clearly():
+def test_image_inputs_to_a_text_only_model_are_refused_clearly():
     model, inputs = llama()[0], {"input_ids": torch.ones(1, 3, dtype=torch.long), "pixel_values": torch.zeros(1, 3, 4, 4)}
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match=r"generate\(\) failed for LlamaForCausalLM .*not used by the model.*pixel_values"):
         build_parts(model, inputs)
 
 
