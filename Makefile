@@ -1,5 +1,6 @@
 # make demo : export the embedded MiniLM and a tiny Llama with every backend, check parity, write reports/demo.json
 # make test : the test suite (what CI runs)
+# make cpp  : build the C++ runner (cpp/ -> build/cpp: hfx-run, libhfx, its tests, the _hfx bindings)
 # Both create .venv on first use and install the pinned dependency set (requirements.lock) into it.
 
 PYTHON ?= python3
@@ -11,7 +12,9 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test smoke test-slow bench clean
+CPP_BUILD := build/cpp
+
+.PHONY: demo test smoke test-slow bench clean cpp cpp-deps
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,12 +23,25 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip check
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) cpp
 	$(PY) -m hf_exporters.demo
 
-test: $(STAMP)
+test: $(STAMP) cpp
 	$(PY) -m pytest -q -m "not slow" tests
 	$(MAKE) smoke
+
+# The C++ runner's build dependencies from Debian (a JSON library and GoogleTest); cmake and g++ are on the machine.
+cpp-deps:
+	@dpkg -s nlohmann-json3-dev libgtest-dev >/dev/null 2>&1 || { \
+		echo "installing nlohmann-json3-dev and libgtest-dev (Debian packages) for the C++ runner"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nlohmann-json3-dev libgtest-dev; }
+
+cpp: $(STAMP) cpp-deps
+	mkdir -p $(CPP_BUILD)
+	cmake -S cpp -B $(CPP_BUILD) -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(abspath $(PY)) \
+		-Dpybind11_DIR=$$($(PY) -c 'import pybind11; print(pybind11.get_cmake_dir())') > $(CPP_BUILD)/configure.log \
+		|| { cat $(CPP_BUILD)/configure.log; exit 1; }
+	cmake --build $(CPP_BUILD) -j2
 
 # The CI smoke sweep: ~20 classes across families through every backend, fresh each time; fails when a
 # job the baseline (src/hf_exporters/sweep/smoke_baseline.json) expects to pass does not.

@@ -58,3 +58,10 @@ class InputError(HfExportersError):
 
 class ManifestError(HfExportersError):
     """An artifact folder's ``export.json`` is missing, unreadable or inconsistent."""
+
+
+class CppRunnerError(HfExportersError):
+    """The C++ runner (``runtime="cpp"``) is not built, or it refused a folder, a file or an input.
+
+    The message is the runner's own one-line error (``make cpp`` builds the runner).
+    """

@@ -1018,12 +1018,18 @@ class ExportedGenerator:
         self.returns_decoder_prompt = bool(decode.get("extra", {}).get("returns_decoder_prompt", True))
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike[str], load_preprocessor: bool = True) -> "ExportedGenerator":
+    def from_pretrained(cls, directory: str | os.PathLike[str], load_preprocessor: bool = True, runtime: str = "python") -> "ExportedGenerator":
         """Load a folder written by :meth:`GenerationArtifacts.save_pretrained`.
+
+        Args:
+            runtime: ``"python"`` (the backend's Python runtime) or ``"cpp"`` (ExecuTorch folders only:
+                the C++ runner's ExecuTorch runtime through its bindings, see ``cpp/``).
 
         Raises:
             ManifestError: see :func:`read_manifest`; also a missing ``config.json`` or an unknown backend.
             MissingDependencyError: the backend's runtime is not installed.
+            InputError: an unknown ``runtime``, or ``"cpp"`` for a folder of another backend.
+            CppRunnerError: ``runtime="cpp"`` and the C++ runner is not built or refuses a part's file.
         """
         import transformers
 
@@ -1044,7 +1050,16 @@ class ExportedGenerator:
         else:
             generation_config = transformers.GenerationConfig.from_model_config(config)
         register_model_pytrees(None)
-        runners = {name: exporter.load_runner(root / part["file"]) for name, part in manifest["parts"].items()}
+        if runtime == "python":
+            runners = {name: exporter.load_runner(root / part["file"]) for name, part in manifest["parts"].items()}
+        elif runtime == "cpp":
+            if manifest.get("backend") != "executorch":
+                raise InputError(f"runtime 'cpp' runs ExecuTorch folders; {root} was exported with {manifest.get('backend')!r}")
+            from .runtime.cpp_runner import CppExecutorchRunner
+
+            runners = {name: CppExecutorchRunner(root / part["file"]) for name, part in manifest["parts"].items()}
+        else:
+            raise InputError(f"unknown runtime {runtime!r}: choose 'python' or 'cpp'")
         preprocessor = _load_preprocessor(root) if load_preprocessor else None
         return cls(root, manifest, runners, config, generation_config, preprocessor)
 

@@ -1,0 +1,50 @@
+// The export.json manifest of an artifact folder written by hf-exporters (a single export, or a
+// generation folder written by GenerationArtifacts.save_pretrained).
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace hfx {
+
+/// Version of the manifest layout this reader understands (hf_exporters writes schema_version 1).
+constexpr int kSchemaVersion = 1;
+
+struct TensorSpec {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;  // the example's shape
+};
+
+/// One graph of the folder. A single export is one part named "model" with role "forward".
+struct Part {
+  std::string name;
+  std::string role;  // "forward", "prefill", "decode" or "encoder"
+  std::filesystem::path file;  // absolute path, inside the folder
+  std::vector<TensorSpec> inputs;
+  std::vector<std::string> outputs;
+  std::string cache_kind;  // "dynamic", "static", "encoder_decoder" or "" (no cache)
+  int cache_layers = 0;
+};
+
+struct Manifest {
+  std::filesystem::path directory;
+  int schema_version = 0;
+  std::string backend;  // "executorch", "dynamo", "onnx"
+  std::string kind;     // "generation" or "export"
+  std::string model_class;
+  bool is_encoder_decoder = false;
+  std::map<std::string, Part> parts;
+
+  /// The part with `role`; throws hfx::Error when the folder has none.
+  const Part& part_with_role(const std::string& role) const;
+};
+
+/// Read and check `directory`/export.json. Throws hfx::Error when the folder or manifest is missing
+/// or not JSON, the schema version is unknown, a field is missing or of the wrong type, a part's
+/// file is missing, or a file path leaves the folder.
+Manifest read_manifest(const std::filesystem::path& directory);
+
+}  // namespace hfx

@@ -1,0 +1,47 @@
+// Running the parts of an artifact folder, and the greedy generation loop over them.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hfx/manifest.h"
+#include "hfx/tensor.h"
+
+namespace hfx {
+
+/// One loaded part: `run(inputs)` takes the part's inputs in manifest order and returns its outputs in
+/// manifest order (model outputs only: ExecuTorch's mutated-input outputs are dropped).
+class PartRunner {
+ public:
+  virtual ~PartRunner() = default;
+  virtual std::vector<Tensor> run(const std::vector<Tensor>& inputs) = 0;
+};
+
+/// Load `part` with the runtime of `backend` ("executorch"; "dynamo" for an AOTInductor package when
+/// built with libtorch). Throws hfx::Error for an unsupported backend or a file the runtime refuses.
+std::unique_ptr<PartRunner> load_part(const Manifest& manifest, const Part& part);
+
+/// Load a .pte file with the ExecuTorch runtime (its `forward` method). Throws hfx::Error when the
+/// file is not a valid program or the method cannot be loaded.
+std::unique_ptr<PartRunner> load_executorch(const std::filesystem::path& path);
+
+/// The folder's single forward part (a single export, or the folder's `part` when given) run on
+/// `named` inputs (by manifest input name). Throws hfx::Error for a missing input or a runtime error.
+std::map<std::string, Tensor> run_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named,
+                                          const std::string& part = "");
+
+struct GenerationResult {
+  std::vector<int64_t> ids;  // prompt then new tokens (batch 1)
+  int new_tokens = 0;
+  double seconds = 0.0;      // wall time of the loop (prefill and decode steps)
+};
+
+/// Greedy generation from a decoder-only generation folder (prefill and decode parts over a dynamic
+/// cache): `prompt` token ids, up to `max_new_tokens` new ones (stops early at `eos_token_id` >= 0).
+/// Throws hfx::Error for a folder of another kind (encoder-decoder, static cache) or an empty prompt.
+GenerationResult generate_greedy(const Manifest& manifest, const std::vector<int64_t>& prompt, int max_new_tokens,
+                                 int64_t eos_token_id = -1);
+
+}  // namespace hfx

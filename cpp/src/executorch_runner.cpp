@@ -1,0 +1,202 @@
+// ExecuTorch parts: the .pte program run with the ExecuTorch C++ runtime (Program / Method API).
+// The wheel ships the runtime headers but not extension/module, so the loader, the allocators and
+// the input/output plumbing that Module would provide are written here against the runtime API.
+#include <executorch/runtime/core/data_loader.h>
+#include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/memory_allocator.h>
+#include <executorch/runtime/core/portable_type/tensor_impl.h>
+#include <executorch/runtime/executor/memory_manager.h>
+#include <executorch/runtime/executor/method.h>
+#include <executorch/runtime/executor/program.h>
+#include <executorch/runtime/platform/runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <optional>
+
+#include "hfx/error.h"
+#include "hfx/runner.h"
+
+namespace hfx {
+
+namespace et = executorch::runtime;
+using executorch::aten::ScalarType;
+
+namespace {
+
+/// The whole file in memory; segments are views into it.
+class BufferLoader final : public et::DataLoader {
+ public:
+  explicit BufferLoader(std::vector<uint8_t> bytes) : bytes_(std::move(bytes)) {}
+  et::Result<et::FreeableBuffer> load(size_t offset, size_t size, const SegmentInfo&) const override {
+    if (offset > bytes_.size() || size > bytes_.size() - offset) return et::Error::InvalidArgument;
+    return et::FreeableBuffer(bytes_.data() + offset, size, nullptr);
+  }
+  et::Result<size_t> size() const override { return bytes_.size(); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+/// A MemoryAllocator that takes every block from the heap (freed on reset and destruction).
+class HeapAllocator final : public et::MemoryAllocator {
+ public:
+  HeapAllocator() : et::MemoryAllocator(0, nullptr) {}
+  ~HeapAllocator() override { reset(); }
+  void* allocate(size_t size, size_t alignment = kDefaultAlignment) override {
+    if (alignment < alignof(std::max_align_t)) alignment = alignof(std::max_align_t);
+    const size_t rounded = (size + alignment - 1) / alignment * alignment;
+    void* p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+    if (p) blocks_.push_back(p);
+    return p;
+  }
+  void reset() override {
+    for (void* p : blocks_) std::free(p);
+    blocks_.clear();
+  }
+
+ private:
+  std::vector<void*> blocks_;
+};
+
+ScalarType scalar_type(const std::string& dtype) {
+  if (dtype == "float32") return ScalarType::Float;
+  if (dtype == "float64") return ScalarType::Double;
+  if (dtype == "float16") return ScalarType::Half;
+  if (dtype == "bfloat16") return ScalarType::BFloat16;
+  if (dtype == "int64") return ScalarType::Long;
+  if (dtype == "int32") return ScalarType::Int;
+  if (dtype == "int16") return ScalarType::Short;
+  if (dtype == "int8") return ScalarType::Char;
+  if (dtype == "uint8") return ScalarType::Byte;
+  if (dtype == "bool") return ScalarType::Bool;
+  throw Error("dtype '" + dtype + "' has no ExecuTorch scalar type here");
+}
+
+std::string dtype_name(ScalarType type) {
+  switch (type) {
+    case ScalarType::Float: return "float32";
+    case ScalarType::Double: return "float64";
+    case ScalarType::Half: return "float16";
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::Long: return "int64";
+    case ScalarType::Int: return "int32";
+    case ScalarType::Short: return "int16";
+    case ScalarType::Char: return "int8";
+    case ScalarType::Byte: return "uint8";
+    case ScalarType::Bool: return "bool";
+    default: throw Error("an output has an ExecuTorch scalar type hfx does not read (" + std::to_string(static_cast<int>(type)) + ")");
+  }
+}
+
+std::string error_text(et::Error error) { return "ExecuTorch error " + std::to_string(static_cast<int>(error)); }
+
+//: the constant method in which hf_exporters records how many mutated-input outputs precede the model's
+constexpr const char* kInputMutationsMethod = "hf_exporters_input_mutation_outputs";
+
+class ExecutorchPart final : public PartRunner {
+ public:
+  explicit ExecutorchPart(const std::filesystem::path& path) : path_(path.string()) {
+    static std::once_flag init;
+    std::call_once(init, [] { et::runtime_init(); });
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error(path_ + ": cannot open the .pte file");
+    loader_.emplace(std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+    auto program = et::Program::load(&*loader_, et::Program::Verification::InternalConsistency);
+    if (!program.ok()) throw Error(path_ + ": not a valid ExecuTorch program (" + error_text(program.error()) + ")");
+    program_.emplace(std::move(*program));
+    method_ = load("forward", planned_);
+    if (program_->method_meta(kInputMutationsMethod).ok()) {
+      std::vector<std::vector<uint8_t>> scratch;
+      auto constant = load(kInputMutationsMethod, scratch);
+      if (constant->execute() == et::Error::Ok && constant->outputs_size() > 0 && constant->get_output(0).isInt())
+        skip_outputs_ = static_cast<size_t>(constant->get_output(0).toInt());
+    }
+  }
+
+  std::vector<Tensor> run(const std::vector<Tensor>& inputs) override {
+    auto meta = program_->method_meta("forward");
+    size_t next = 0;
+    std::vector<std::vector<et::etensor::TensorImpl::SizesType>> sizes(meta->num_inputs());
+    for (size_t i = 0; i < meta->num_inputs(); ++i) {
+      auto tag = meta->input_tag(i);
+      if (!tag.ok() || *tag != et::Tag::Tensor) continue;  // a constant scalar input keeps its value
+      if (next >= inputs.size())
+        throw Error(path_ + ": the program takes more tensor inputs than the " + std::to_string(inputs.size()) + " given");
+      const Tensor& t = inputs[next++];
+      if (static_cast<int64_t>(t.data.size()) != t.numel() * static_cast<int64_t>(element_size(t.dtype)))
+        throw Error(path_ + ": input " + std::to_string(next - 1) + " holds the wrong number of bytes for its shape");
+      const auto dim = t.shape.size();
+      sizes[i].assign(t.shape.begin(), t.shape.end());
+      std::vector<et::etensor::TensorImpl::DimOrderType> order(dim);
+      std::vector<et::etensor::TensorImpl::StridesType> strides(dim);
+      for (size_t d = 0; d < dim; ++d) order[d] = static_cast<uint8_t>(d);
+      for (int64_t d = static_cast<int64_t>(dim) - 1, s = 1; d >= 0; --d) {
+        strides[d] = static_cast<int32_t>(s);
+        s *= t.shape[d];
+      }
+      et::etensor::TensorImpl impl(scalar_type(t.dtype), static_cast<ssize_t>(dim), sizes[i].data(),
+                                   const_cast<uint8_t*>(t.data.data()), order.data(), strides.data(),
+                                   et::TensorShapeDynamism::DYNAMIC_BOUND);
+      et::etensor::Tensor tensor(&impl);
+      const et::Error status = method_->set_input(et::EValue(tensor), i);
+      if (status != et::Error::Ok)
+        throw Error(path_ + ": input " + std::to_string(i) + " refused (" + error_text(status) +
+                    "; a shape past the bounds the program was exported with?)");
+    }
+    if (next != inputs.size())
+      throw Error(path_ + ": the program takes " + std::to_string(next) + " tensor inputs, " + std::to_string(inputs.size()) + " given");
+    const et::Error status = method_->execute();
+    if (status != et::Error::Ok) throw Error(path_ + ": execute failed (" + error_text(status) + ")");
+    std::vector<Tensor> outputs;
+    for (size_t i = skip_outputs_; i < method_->outputs_size(); ++i) {
+      const et::EValue& value = method_->get_output(i);
+      if (!value.isTensor()) continue;
+      const auto& out = value.toTensor();
+      Tensor t;
+      t.dtype = dtype_name(out.scalar_type());
+      t.shape.assign(out.sizes().begin(), out.sizes().end());
+      const auto* bytes = static_cast<const uint8_t*>(out.const_data_ptr());
+      t.data.assign(bytes, bytes + out.nbytes());  // copied: planned memory is reused by the next run
+      outputs.push_back(std::move(t));
+    }
+    return outputs;
+  }
+
+ private:
+  std::unique_ptr<et::Method> load(const char* name, std::vector<std::vector<uint8_t>>& planned) {
+    auto meta = program_->method_meta(name);
+    if (!meta.ok()) throw Error(path_ + ": the program has no method '" + std::string(name) + "'");
+    planned.clear();
+    spans_.emplace_back();
+    auto& spans = spans_.back();
+    for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
+      planned.emplace_back(static_cast<size_t>(*meta->memory_planned_buffer_size(i)));
+      spans.emplace_back(planned.back().data(), planned.back().size());
+    }
+    planned_allocators_.push_back(std::make_unique<et::HierarchicalAllocator>(et::Span<et::Span<uint8_t>>(spans.data(), spans.size())));
+    managers_.push_back(std::make_unique<et::MemoryManager>(&method_allocator_, planned_allocators_.back().get(), &temp_allocator_));
+    auto method = program_->load_method(name, managers_.back().get());
+    if (!method.ok()) throw Error(path_ + ": cannot load method '" + std::string(name) + "' (" + error_text(method.error()) + ")");
+    return std::make_unique<et::Method>(std::move(*method));
+  }
+
+  std::string path_;
+  std::optional<BufferLoader> loader_;
+  std::optional<et::Program> program_;
+  HeapAllocator method_allocator_, temp_allocator_;
+  std::vector<std::vector<uint8_t>> planned_;
+  std::vector<std::vector<et::Span<uint8_t>>> spans_;
+  std::vector<std::unique_ptr<et::HierarchicalAllocator>> planned_allocators_;
+  std::vector<std::unique_ptr<et::MemoryManager>> managers_;
+  std::unique_ptr<et::Method> method_;
+  size_t skip_outputs_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<PartRunner> load_executorch(const std::filesystem::path& path) { return std::make_unique<ExecutorchPart>(path); }
+
+}  // namespace hfx

@@ -1,0 +1,112 @@
+#include "hfx/manifest.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "hfx/error.h"
+
+namespace hfx {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const Part& Manifest::part_with_role(const std::string& role) const {
+  for (const auto& [name, part] : parts)
+    if (part.role == role) return part;
+  throw Error(directory.string() + ": the folder has no part with role '" + role + "'");
+}
+
+namespace {
+
+fs::path inside(const fs::path& root, const std::string& relative, const std::string& where) {
+  const fs::path rel(relative);
+  if (relative.empty() || rel.is_absolute()) throw Error(where + ": file '" + relative + "' is not a path relative to the folder");
+  const fs::path base = fs::weakly_canonical(root);
+  const fs::path full = fs::weakly_canonical(base / rel);
+  auto b = base.begin(), f = full.begin();
+  for (; b != base.end(); ++b, ++f)
+    if (f == full.end() || *b != *f) throw Error(where + ": file '" + relative + "' is outside the folder");
+  if (!fs::is_regular_file(full)) throw Error(where + ": file '" + relative + "' is missing");
+  return full;
+}
+
+std::vector<TensorSpec> tensor_specs(const json& list, const std::string& where) {
+  if (!list.is_array()) throw Error(where + ": 'inputs' is not a list");
+  std::vector<TensorSpec> out;
+  for (const auto& item : list) {
+    TensorSpec spec;
+    spec.name = item.at("name").get<std::string>();
+    spec.dtype = item.at("dtype").get<std::string>();
+    spec.shape = item.at("shape").get<std::vector<int64_t>>();
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
+std::vector<std::string> output_names(const json& list, const std::string& where) {
+  if (!list.is_array()) throw Error(where + ": 'outputs' is not a list");
+  std::vector<std::string> out;
+  for (const auto& item : list) out.push_back(item.is_string() ? item.get<std::string>() : item.at("name").get<std::string>());
+  return out;
+}
+
+}  // namespace
+
+Manifest read_manifest(const fs::path& directory) {
+  if (!fs::is_directory(directory)) throw Error(directory.string() + ": not a folder");
+  const fs::path path = directory / "export.json";
+  if (!fs::is_regular_file(path)) throw Error(path.string() + ": export.json is missing (not a folder written by hf-exporters)");
+  std::ifstream in(path);
+  json doc;
+  try {
+    doc = json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(path.string() + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+  const std::string where = path.string();
+  Manifest m;
+  m.directory = fs::weakly_canonical(directory);
+  try {
+    if (!doc.is_object()) throw Error(where + ": not a JSON object");
+    if (!doc.contains("schema_version") || !doc["schema_version"].is_number_integer())
+      throw Error(where + ": schema_version is missing");
+    m.schema_version = doc["schema_version"].get<int>();
+    if (m.schema_version != kSchemaVersion)
+      throw Error(where + ": unknown schema_version " + std::to_string(m.schema_version) + " (this reader knows " + std::to_string(kSchemaVersion) + ")");
+    m.backend = doc.at("backend").get<std::string>();
+    m.model_class = doc.value("model_class", std::string());
+    m.kind = doc.value("kind", std::string("export"));
+    m.is_encoder_decoder = doc.value("is_encoder_decoder", false);
+    if (m.kind == "generation") {
+      const json& parts = doc.at("parts");
+      if (!parts.is_object() || parts.empty()) throw Error(where + ": 'parts' is empty or not an object");
+      for (const auto& [name, entry] : parts.items()) {
+        const std::string part_where = where + ": part '" + name + "'";
+        Part p;
+        p.name = name;
+        p.role = entry.at("role").get<std::string>();
+        p.file = inside(directory, entry.at("file").get<std::string>(), part_where);
+        p.inputs = tensor_specs(entry.at("inputs"), part_where);
+        p.outputs = output_names(entry.at("outputs"), part_where);
+        if (entry.contains("cache") && entry["cache"].is_object()) {
+          p.cache_kind = entry["cache"].value("kind", std::string());
+          p.cache_layers = entry["cache"].value("layers", 0);
+        }
+        m.parts.emplace(name, std::move(p));
+      }
+    } else {
+      Part p;
+      p.name = "model";
+      p.role = "forward";
+      p.file = inside(directory, doc.at("artifact").get<std::string>(), where);
+      p.inputs = tensor_specs(doc.at("inputs"), where);
+      p.outputs = output_names(doc.at("outputs"), where);
+      m.parts.emplace(p.name, std::move(p));
+    }
+  } catch (const json::exception& e) {
+    throw Error(where + ": a field is missing or has the wrong type (" + std::string(e.what()) + ")");
+  }
+  return m;
+}
+
+}  // namespace hfx

@@ -1,0 +1,102 @@
+#include "hfx/runner.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "hfx/error.h"
+
+namespace hfx {
+
+#ifdef HFX_WITH_AOTI
+std::unique_ptr<PartRunner> load_aoti(const std::filesystem::path& path);
+#endif
+
+std::unique_ptr<PartRunner> load_part(const Manifest& manifest, const Part& part) {
+  if (manifest.backend == "executorch") return load_executorch(part.file);
+#ifdef HFX_WITH_AOTI
+  if (manifest.backend == "dynamo" && part.file.extension() == ".pt2") return load_aoti(part.file);
+#endif
+  throw Error(manifest.directory.string() + ": backend '" + manifest.backend +
+              "' cannot run in hfx (executorch .pte parts, and AOTInductor packages when built with libtorch)");
+}
+
+std::map<std::string, Tensor> run_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named, const std::string& part_name) {
+  const Part* part = nullptr;
+  if (!part_name.empty()) {
+    auto it = manifest.parts.find(part_name);
+    if (it == manifest.parts.end()) throw Error(manifest.directory.string() + ": no part named '" + part_name + "'");
+    part = &it->second;
+  } else if (manifest.parts.size() == 1) {
+    part = &manifest.parts.begin()->second;
+  } else {
+    throw Error(manifest.directory.string() + ": the folder has several parts; name one with --part");
+  }
+  std::vector<Tensor> inputs;
+  for (const auto& spec : part->inputs) {
+    auto it = named.find(spec.name);
+    if (it == named.end()) throw Error("input '" + spec.name + "' is missing (the part takes them in this order: " + [&] {
+      std::string all;
+      for (const auto& s : part->inputs) all += (all.empty() ? "" : ", ") + s.name;
+      return all;
+    }() + ")");
+    if (it->second.dtype != spec.dtype)
+      throw Error("input '" + spec.name + "' is " + it->second.dtype + ", the part takes " + spec.dtype);
+    inputs.push_back(it->second);
+  }
+  auto runner = load_part(manifest, *part);
+  auto outputs = runner->run(inputs);
+  if (outputs.size() != part->outputs.size())
+    throw Error(part->file.string() + ": returned " + std::to_string(outputs.size()) + " outputs, the manifest lists " + std::to_string(part->outputs.size()));
+  std::map<std::string, Tensor> out;
+  for (size_t i = 0; i < outputs.size(); ++i) out.emplace(part->outputs[i], std::move(outputs[i]));
+  return out;
+}
+
+namespace {
+
+int64_t argmax_last(const Tensor& logits) {
+  if (logits.dtype != "float32") throw Error("logits are " + logits.dtype + "; the greedy loop reads float32");
+  const int64_t vocab = logits.shape.back();
+  const int64_t rows = logits.numel() / vocab;
+  const float* p = reinterpret_cast<const float*>(logits.data.data()) + (rows - 1) * vocab;
+  int64_t best = 0;
+  for (int64_t v = 1; v < vocab; ++v)
+    if (p[v] > p[best]) best = v;
+  return best;
+}
+
+}  // namespace
+
+GenerationResult generate_greedy(const Manifest& manifest, const std::vector<int64_t>& prompt, int max_new_tokens, int64_t eos_token_id) {
+  if (manifest.kind != "generation") throw Error(manifest.directory.string() + ": not a generation folder (export it with --task text-generation)");
+  if (manifest.is_encoder_decoder) throw Error(manifest.directory.string() + ": encoder-decoder generation is not supported by hfx yet (decoder-only folders are)");
+  if (prompt.empty()) throw Error("the prompt has no token ids");
+  if (max_new_tokens < 1) throw Error("max_new_tokens must be at least 1");
+  const Part& prefill = manifest.part_with_role("prefill");
+  const Part& decode = manifest.part_with_role("decode");
+  if (decode.cache_kind != "dynamic" || manifest.parts.size() != 2)
+    throw Error(manifest.directory.string() + ": only folders of a prefill and a decode part over a dynamic cache are supported by hfx yet (this one: cache '" + decode.cache_kind + "', " + std::to_string(manifest.parts.size()) + " parts)");
+  auto prefill_runner = load_part(manifest, prefill);
+  auto decode_runner = load_part(manifest, decode);
+  GenerationResult result;
+  result.ids = prompt;
+  const int64_t length = static_cast<int64_t>(prompt.size());
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<Tensor> outputs = prefill_runner->run({make_int64({1, length}, prompt), make_int64({1, length}, std::vector<int64_t>(prompt.size(), 1))});
+  for (int step = 0; step < max_new_tokens; ++step) {
+    if (outputs.size() < 2) throw Error(prefill.file.string() + ": returned no cache tensors");
+    const int64_t token = argmax_last(outputs[0]);
+    result.ids.push_back(token);
+    ++result.new_tokens;
+    if (token == eos_token_id || step + 1 == max_new_tokens) break;
+    std::vector<Tensor> feed;
+    feed.push_back(make_int64({1, 1}, {token}));
+    feed.push_back(make_int64({1, static_cast<int64_t>(result.ids.size())}, std::vector<int64_t>(result.ids.size(), 1)));
+    for (size_t i = 1; i < outputs.size(); ++i) feed.push_back(std::move(outputs[i]));
+    outputs = decode_runner->run(feed);
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return result;
+}
+
+}  // namespace hfx

@@ -1,0 +1,150 @@
+// hfx-run: run an artifact folder written by hf-exporters from C++.
+//
+//   hfx-run DIR --inputs in.safetensors [--part NAME] [--expect out.safetensors [--atol A]] [--output out.safetensors]
+//   hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID]
+//
+// Exit status: 0 done (and within --atol), 1 an error (one "error: ..." line on stderr),
+// 2 an output differs from --expect beyond --atol. The ExecuTorch runtime's own log lines (CPU
+// probing, ...) are silenced unless HFX_VERBOSE=1, so stderr holds hfx-run's messages alone.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <ext/stdio_filebuf.h>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "hfx/error.h"
+#include "hfx/manifest.h"
+#include "hfx/runner.h"
+#include "hfx/safetensors.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: hfx-run DIR --inputs in.safetensors [--part NAME] [--expect out.safetensors [--atol A]] [--output out.safetensors]\n"
+    "       hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID]\n";
+
+std::vector<int64_t> parse_ids(const std::string& text) {
+  std::vector<int64_t> ids;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    try {
+      size_t used = 0;
+      ids.push_back(std::stoll(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      throw hfx::Error("--input-ids: '" + item + "' is not an integer");
+    }
+  }
+  return ids;
+}
+
+double parse_number(const std::string& option, const std::string& text) {
+  try {
+    size_t used = 0;
+    double value = std::stod(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+    return value;
+  } catch (const std::exception&) {
+    throw hfx::Error(option + ": '" + text + "' is not a number");
+  }
+}
+
+int run(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "-h" || args[0] == "--help") {
+    std::cout << kUsage;
+    return args.empty() ? 1 : 0;
+  }
+  std::string directory, inputs, part, expect, output, input_ids;
+  double atol = 1e-3;
+  int max_new_tokens = 20;
+  int64_t eos = -1;
+  bool generate = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw hfx::Error(a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--inputs") inputs = value();
+    else if (a == "--part") part = value();
+    else if (a == "--expect") expect = value();
+    else if (a == "--output") output = value();
+    else if (a == "--atol") atol = parse_number(a, value());
+    else if (a == "--generate") generate = true;
+    else if (a == "--input-ids") input_ids = value();
+    else if (a == "--max-new-tokens") max_new_tokens = static_cast<int>(parse_number(a, value()));
+    else if (a == "--eos-token-id") eos = static_cast<int64_t>(parse_number(a, value()));
+    else if (!a.empty() && a[0] == '-') throw hfx::Error("unknown option " + a + "\n" + kUsage);
+    else if (directory.empty()) directory = a;
+    else throw hfx::Error("unexpected argument " + a);
+  }
+  if (directory.empty()) throw hfx::Error(std::string("no folder given\n") + kUsage);
+  const hfx::Manifest manifest = hfx::read_manifest(directory);
+
+  if (generate) {
+    if (input_ids.empty()) throw hfx::Error("--generate needs --input-ids");
+    const auto result = hfx::generate_greedy(manifest, parse_ids(input_ids), max_new_tokens, eos);
+    std::string ids;
+    for (size_t i = 0; i < result.ids.size(); ++i) ids += (i ? "," : "") + std::to_string(result.ids[i]);
+    std::cout << "ids: " << ids << "\n";
+    std::printf("%d new tokens in %.3f s: %.1f tokens/s (%s)\n", result.new_tokens, result.seconds,
+                result.new_tokens / (result.seconds > 0 ? result.seconds : 1e-9), manifest.backend.c_str());
+    return 0;
+  }
+  if (inputs.empty()) throw hfx::Error(std::string("give --inputs in.safetensors, or --generate\n") + kUsage);
+  const auto outputs = hfx::run_forward(manifest, hfx::read_safetensors(inputs), part);
+  if (!output.empty()) hfx::write_safetensors(output, outputs);
+  int status = 0;
+  if (!expect.empty()) {
+    const auto expected = hfx::read_safetensors(expect);
+    for (const auto& [name, tensor] : outputs) {
+      auto it = expected.find(name);
+      if (it == expected.end()) {
+        std::printf("%s: not in %s\n", name.c_str(), expect.c_str());
+        continue;
+      }
+      const double diff = hfx::max_abs_diff(tensor, it->second);
+      const bool ok = diff <= atol;
+      std::printf("%s: max abs diff %.3g %s\n", name.c_str(), diff, ok ? "ok" : "FAIL");
+      if (!ok) status = 2;
+    }
+    std::printf("%s (atol %.3g)\n", status == 0 ? "all outputs within tolerance" : "outputs differ beyond tolerance", atol);
+  } else {
+    for (const auto& [name, tensor] : outputs) {
+      std::string shape;
+      for (size_t i = 0; i < tensor.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(tensor.shape[i]);
+      std::printf("%s: %s [%s]\n", name.c_str(), tensor.dtype.c_str(), shape.c_str());
+    }
+  }
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // hfx-run's messages go to the original stderr; the runtime's log output (fd 2) goes to /dev/null.
+  int messages = STDERR_FILENO;
+  const char* verbose = std::getenv("HFX_VERBOSE");
+  if (verbose == nullptr || std::string(verbose) != "1") {
+    const int saved = dup(STDERR_FILENO);
+    const int null = open("/dev/null", O_WRONLY);
+    if (saved >= 0 && null >= 0 && dup2(null, STDERR_FILENO) >= 0) messages = saved;
+    if (null >= 0) close(null);
+  }
+  __gnu_cxx::stdio_filebuf<char> buffer(messages, std::ios::out);
+  std::ostream err(&buffer);
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    err << "error: " << e.what() << "\n";
+    err.flush();
+    return 1;
+  }
+}

@@ -1,0 +1,185 @@
+"""The C++ runner (``cpp/``): ``hfx-run`` and the ``_hfx`` bindings against eager PyTorch and the
+Python ExecuTorch runtime, its C++ unit tests (ctest), and malformed folders and files.
+
+``make test`` builds the runner first (``make cpp``); the checks need the build and the executorch extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+import transformers as tf
+
+pytest.importorskip("executorch.runtime", reason="the C++ runner runs ExecuTorch programs: it needs the executorch extra")
+
+from hf_exporters.errors import CppRunnerError  # noqa: E402
+from hf_exporters.generation import ExportedGenerator, export_generation_folder  # noqa: E402
+from hf_exporters.pipeline import build_inputs, default_model_path, export_to_folder, load_checkpoint  # noqa: E402
+from hf_exporters.runtime import cpp_runner  # noqa: E402
+from hf_exporters.runtime.compare import eager_outputs  # noqa: E402
+
+BUILD = cpp_runner.build_dir()
+if not (BUILD / "hfx-run").is_file():
+    pytest.skip(f"the C++ runner is not built in {BUILD} (make cpp)", allow_module_level=True)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ATOL = 1e-3
+
+
+def _hfx_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BUILD / "hfx-run"), *map(str, args)], capture_output=True, text=True, timeout=300, check=False)
+
+
+def _tiny_llama_checkpoint(folder):
+    config = tf.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=64, eos_token_id=None)
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.mul_(8.0)  # a wider spread: greedy ids do not settle on one token
+    model.save_pretrained(folder)
+    return model
+
+
+def _write_expectations(folder, model, inputs):
+    """``inputs.safetensors`` (by manifest input name) and ``expected.safetensors`` (eager outputs by
+    manifest output name) beside the exported folder."""
+    from safetensors.torch import save_file
+
+    manifest = json.loads((folder / "export.json").read_text())
+    flat = {spec["name"]: tensor for spec, tensor in zip(manifest["inputs"], [v for v in inputs.values() if isinstance(v, torch.Tensor)])}
+    names = [o["name"] if isinstance(o, dict) else o for o in manifest["outputs"]]
+    expected = {name: tensor.contiguous() for name, (_, tensor) in zip(names, eager_outputs(model, inputs))}
+    save_file({k: v.contiguous() for k, v in flat.items()}, folder.parent / f"{folder.name}-inputs.safetensors")
+    save_file(expected, folder.parent / f"{folder.name}-expected.safetensors")
+    return folder.parent / f"{folder.name}-inputs.safetensors", folder.parent / f"{folder.name}-expected.safetensors", expected
+
+
+@pytest.fixture(scope="module")
+def minilm_folder(tmp_path_factory):
+    model, tokenizer, task = load_checkpoint(default_model_path())
+    inputs = build_inputs(model, tokenizer)
+    folder = tmp_path_factory.mktemp("cpp") / "minilm-pte"
+    export_to_folder(model, inputs, "executorch", folder, dynamic=True, preprocessor=tokenizer, task=task)
+    return folder, model, inputs
+
+
+def test_minilm_forward_equals_eager_and_the_python_runtime(minilm_folder):
+    folder, model, inputs = minilm_folder
+    inputs_file, expected_file, expected = _write_expectations(folder, model, inputs)
+    out = folder.parent / "minilm-cpp-out.safetensors"
+    result = _hfx_run(folder, "--inputs", inputs_file, "--expect", expected_file, "--atol", ATOL, "--output", out)
+    assert result.returncode == 0, result.stderr
+    diffs = {m[0]: float(m[1]) for m in re.findall(r"^(\S+): max abs diff (\S+) ok$", result.stdout, re.M)}
+    assert set(diffs) == set(expected) and max(diffs.values()) <= ATOL, result.stdout
+    from safetensors.torch import load_file
+
+    from hf_exporters.runtime.et_runner import ExecutorchRunner
+
+    cpp = load_file(out)
+    python = ExecutorchRunner(folder / "model.pte")(inputs)
+    for name, tensor in zip(expected, python):
+        assert torch.allclose(cpp[name], tensor, atol=1e-5, rtol=0), name
+
+
+def test_a_wrong_expectation_exits_2(minilm_folder, tmp_path):
+    from safetensors.torch import save_file
+
+    folder, model, inputs = minilm_folder
+    inputs_file, _, expected = _write_expectations(folder, model, inputs)
+    wrong = tmp_path / "wrong.safetensors"
+    save_file({k: v + 1.0 for k, v in expected.items()}, wrong)
+    result = _hfx_run(folder, "--inputs", inputs_file, "--expect", wrong, "--atol", ATOL)
+    assert result.returncode == 2 and "outputs differ beyond tolerance (atol 0.001)" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def llama_generation(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cpp-gen")
+    model = _tiny_llama_checkpoint(root / "ckpt")
+    folder = root / "gen-pte"
+    export_generation_folder(root / "ckpt", "executorch", folder)
+    return model, folder
+
+
+def test_cpp_greedy_ids_equal_eager_generate(llama_generation):
+    model, folder = llama_generation
+    prompt = [5, 17, 33, 2, 71, 9]
+    with torch.no_grad():
+        eager = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               max_new_tokens=8, do_sample=False)
+    result = _hfx_run(folder, "--generate", "--input-ids", ",".join(map(str, prompt)), "--max-new-tokens", 8)
+    assert result.returncode == 0, result.stderr
+    ids = [int(i) for i in re.search(r"^ids: (\S+)$", result.stdout, re.M).group(1).split(",")]
+    assert ids == eager[0].tolist()
+    assert len(set(ids[len(prompt):])) > 1  # not one repeated token
+    assert re.search(r"^8 new tokens in [0-9.]+ s: [0-9.]+ tokens/s \(executorch\)$", result.stdout, re.M)
+    module = cpp_runner.load_module()
+    bound_ids, new_tokens, _ = module.generate_greedy(str(folder), prompt, 8)
+    assert bound_ids == eager[0].tolist() and new_tokens == 8
+
+
+def test_generator_with_the_cpp_runtime_equals_the_python_runtime(llama_generation):
+    model, folder = llama_generation
+    inputs = {"input_ids": torch.tensor([[5, 17, 33, 2, 71, 9], [0, 0, 4, 8, 15, 16]]), "attention_mask": torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])}
+    with torch.no_grad():
+        eager = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    cpp = ExportedGenerator.from_pretrained(folder, runtime="cpp").generate(**inputs, max_new_tokens=8)
+    assert cpp.tolist() == eager.tolist()
+
+
+def test_ctest_unit_tests_pass_with_a_real_program(minilm_folder):
+    folder, _, _ = minilm_folder
+    result = subprocess.run(["ctest", "--test-dir", str(BUILD), "--output-on-failure"], capture_output=True, text=True,
+                            env={**os.environ, "HFX_FIXTURES": str(folder)}, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "100% tests passed" in result.stdout and "Skipped" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ("truncate", "not a valid ExecuTorch program"),
+        ("schema", "unknown schema_version 7"),
+        ("escape", "is outside the folder"),
+        ("missing", "is missing"),
+        ("garbage_json", "not valid JSON"),
+    ],
+)
+def test_malformed_folders_are_errors_not_crashes(llama_generation, tmp_path, edit, message):
+    _, folder = llama_generation
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    manifest = json.loads((broken / "export.json").read_text())
+    decode = broken / manifest["parts"]["decode"]["file"]
+    if edit == "truncate":
+        decode.write_bytes(decode.read_bytes()[: decode.stat().st_size // 3])
+    elif edit == "schema":
+        manifest["schema_version"] = 7
+    elif edit == "escape":
+        manifest["parts"]["decode"]["file"] = "../../../etc/passwd"
+    elif edit == "missing":
+        decode.unlink()
+    if edit in ("schema", "escape"):
+        (broken / "export.json").write_text(json.dumps(manifest))
+    if edit == "garbage_json":
+        (broken / "export.json").write_text("{ not json")
+    result = _hfx_run(broken, "--generate", "--input-ids", "1,2,3", "--max-new-tokens", 2)
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert result.stderr.startswith("error: ") and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_usage_errors():
+    assert _hfx_run().returncode == 1
+    bad = _hfx_run("/nonexistent-folder", "--generate", "--input-ids", "1")
+    assert bad.returncode == 1 and bad.stderr == "error: /nonexistent-folder: not a folder\n"
+    with pytest.raises(CppRunnerError, match="not a valid ExecuTorch program"):
+        cpp_runner.CppExecutorchRunner(__file__)
