@@ -183,3 +183,47 @@ def test_cli_usage_errors():
     assert bad.returncode == 1 and bad.stderr == "error: /nonexistent-folder: not a folder\n"
     with pytest.raises(CppRunnerError, match="not a valid ExecuTorch program"):
         cpp_runner.CppExecutorchRunner(__file__)
+
+
+# ── AOTInductor packages (dynamo --aoti) ─────────────────────────────────────
+
+
+def test_aoti_minilm_forward_equals_eager(tmp_path):
+    model, tokenizer, task = load_checkpoint(default_model_path())
+    inputs = build_inputs(model, tokenizer)
+    folder = tmp_path / "minilm-aoti"
+    manifest = export_to_folder(model, inputs, "dynamo", folder, dynamic=True, preprocessor=tokenizer, task=task, aoti=True)
+    assert manifest["aoti_package"] == "model.aoti.pt2" and all(p["ok"] for p in manifest["aoti_parity"])
+    inputs_file, expected_file, expected = _write_expectations(folder, model, inputs)
+    result = _hfx_run(folder, "--inputs", inputs_file, "--expect", expected_file, "--atol", 1e-4)
+    assert result.returncode == 0, result.stderr
+    assert len(re.findall(r"^\S+: max abs diff \S+ ok$", result.stdout, re.M)) == len(expected)
+
+
+def test_aoti_greedy_ids_equal_eager_generate(llama_generation, tmp_path):
+    model, _ = llama_generation
+    checkpoint = tmp_path / "ckpt"
+    model.save_pretrained(checkpoint)
+    folder = tmp_path / "gen-aoti"
+    manifest = export_generation_folder(checkpoint, "dynamo", folder, aoti=True)
+    assert manifest["parts"]["decode"]["aoti_package"] == "decode/model.aoti.pt2"
+    prompt = [5, 17, 33, 2, 71, 9]
+    with torch.no_grad():
+        eager = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=8, do_sample=False)
+    result = _hfx_run(folder, "--generate", "--input-ids", ",".join(map(str, prompt)), "--max-new-tokens", 8)
+    assert result.returncode == 0, result.stderr
+    assert [int(i) for i in re.search(r"^ids: (\S+)$", result.stdout, re.M).group(1).split(",")] == eager[0].tolist()
+    (folder / "decode" / "model.aoti.pt2").write_bytes(b"PK\x03\x04 not a package")
+    broken = _hfx_run(folder, "--generate", "--input-ids", "1,2,3", "--max-new-tokens", 2)
+    assert broken.returncode == 1 and "not a loadable AOTInductor package" in broken.stderr, broken.stderr
+
+
+def test_a_folder_without_a_runnable_file_is_an_error(tmp_path):
+    model, tokenizer, task = load_checkpoint(default_model_path())
+    folder = tmp_path / "minilm-pt2"
+    inputs = build_inputs(model, tokenizer)
+    export_to_folder(model, inputs, "dynamo", folder, validate=False)
+    inputs_file, _, _ = _write_expectations(folder, model, inputs)
+    result = _hfx_run(folder, "--inputs", inputs_file)
+    assert result.returncode == 1
+    assert "part 'model' is exported_program; hfx runs ExecuTorch programs (.pte) and AOTInductor packages (export with --aoti)" in result.stderr

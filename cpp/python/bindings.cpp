@@ -23,6 +23,7 @@ PYBIND11_MODULE(_hfx, m) {
       .def_property_readonly("data", [](const hfx::Tensor& t) { return py::bytes(reinterpret_cast<const char*>(t.data.data()), t.data.size()); });
   py::class_<hfx::PartRunner>(m, "PartRunner").def("run", &hfx::PartRunner::run, py::call_guard<py::gil_scoped_release>());
   m.def("load_executorch", &hfx::load_executorch, "Load a .pte program (its forward method).");
+  m.def("load_aoti", &hfx::load_aoti, "Load an AOTInductor package (*.aoti.pt2).");
   m.def(
       "generate_greedy",
       [](const std::string& directory, const std::vector<int64_t>& prompt, int max_new_tokens, int64_t eos) {

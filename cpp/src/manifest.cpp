@@ -1,6 +1,7 @@
 #include "hfx/manifest.h"
 
 #include <fstream>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "hfx/error.h"
@@ -41,6 +42,15 @@ std::vector<TensorSpec> tensor_specs(const json& list, const std::string& where)
     out.push_back(std::move(spec));
   }
   return out;
+}
+
+/// The file hfx runs for a part entry (or a single export's manifest) and its format.
+std::pair<fs::path, std::string> runnable_file(const fs::path& directory, const std::string& backend, const json& entry,
+                                               const std::string& file_key, const std::string& where) {
+  if (backend == "dynamo" && entry.contains("aoti_package"))
+    return {inside(directory, entry.at("aoti_package").get<std::string>(), where), "aoti"};
+  const std::string format = backend == "executorch" ? "executorch" : backend == "onnx" ? "onnx" : "exported_program";
+  return {inside(directory, entry.at(file_key).get<std::string>(), where), format};
 }
 
 std::vector<std::string> output_names(const json& list, const std::string& where) {
@@ -85,7 +95,7 @@ Manifest read_manifest(const fs::path& directory) {
         Part p;
         p.name = name;
         p.role = entry.at("role").get<std::string>();
-        p.file = inside(directory, entry.at("file").get<std::string>(), part_where);
+        std::tie(p.file, p.format) = runnable_file(directory, m.backend, entry, "file", part_where);
         p.inputs = tensor_specs(entry.at("inputs"), part_where);
         p.outputs = output_names(entry.at("outputs"), part_where);
         if (entry.contains("cache") && entry["cache"].is_object()) {
@@ -98,7 +108,7 @@ Manifest read_manifest(const fs::path& directory) {
       Part p;
       p.name = "model";
       p.role = "forward";
-      p.file = inside(directory, doc.at("artifact").get<std::string>(), where);
+      std::tie(p.file, p.format) = runnable_file(directory, m.backend, doc, "artifact", where);
       p.inputs = tensor_specs(doc.at("inputs"), where);
       p.outputs = output_names(doc.at("outputs"), where);
       m.parts.emplace(p.name, std::move(p));

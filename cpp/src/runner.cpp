@@ -7,17 +7,17 @@
 
 namespace hfx {
 
-#ifdef HFX_WITH_AOTI
-std::unique_ptr<PartRunner> load_aoti(const std::filesystem::path& path);
-#endif
-
 std::unique_ptr<PartRunner> load_part(const Manifest& manifest, const Part& part) {
-  if (manifest.backend == "executorch") return load_executorch(part.file);
+  if (part.format == "executorch") return load_executorch(part.file);
+  if (part.format == "aoti") {
 #ifdef HFX_WITH_AOTI
-  if (manifest.backend == "dynamo" && part.file.extension() == ".pt2") return load_aoti(part.file);
+    return load_aoti(part.file);
+#else
+    throw Error(part.file.string() + ": an AOTInductor package, and this hfx was built without libtorch");
 #endif
-  throw Error(manifest.directory.string() + ": backend '" + manifest.backend +
-              "' cannot run in hfx (executorch .pte parts, and AOTInductor packages when built with libtorch)");
+  }
+  throw Error(manifest.directory.string() + ": part '" + part.name + "' is " + part.format +
+              "; hfx runs ExecuTorch programs (.pte) and AOTInductor packages (export with --aoti)");
 }
 
 std::map<std::string, Tensor> run_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named, const std::string& part_name) {

@@ -38,6 +38,7 @@ def export(
     validate: bool = typer.Option(True, "--validate/--no-validate", help="Run the artifact and compare with eager."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Parity tolerance (max abs diff); default per backend."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty output folder."),
+    aoti: bool = typer.Option(False, "--aoti", help="dynamo: also compile an AOTInductor package (model.aoti.pt2) for C++ (needs g++)."),
 ) -> None:
     """Export a checkpoint with one backend, check it against eager PyTorch, and write the folder."""
     from .errors import HfExportersError, InputError
@@ -50,11 +51,13 @@ def export(
             raise InputError(f"--atol must be a finite number >= 0, got {atol}")
         path = Path(model) if model else default_model_path()
         check_output_folder(output, overwrite, source=path)
+        if aoti and backend != "dynamo":
+            raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
         if task in ("text-generation", "text2text-generation"):
             from .generation import export_generation_folder
 
             # generation exports are always dynamic: prefill and decode graphs serve every length
-            manifest = export_generation_folder(path, backend, output, recipe=recipe, validate=validate, overwrite=overwrite)
+            manifest = export_generation_folder(path, backend, output, recipe=recipe, validate=validate, overwrite=overwrite, aoti=aoti)
             parts = ", ".join(f"{name} ({part['file']})" for name, part in manifest["parts"].items())
             typer.echo(f"exported {manifest['model_class']} for generation with {backend} to {output}: {parts}")
             return
@@ -72,6 +75,7 @@ def export(
             preprocessor=preprocessor,
             task=task_name,
             overwrite=overwrite,
+            aoti=aoti,
         )
     except HfExportersError as error:
         _fail(str(error))

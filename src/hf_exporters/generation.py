@@ -740,6 +740,7 @@ class GenerationArtifacts(dict):
         validate: bool = True,
         overwrite: bool = True,
         source_model: str | None = None,
+        aoti: bool = False,
     ) -> dict[str, Any]:
         """Write every part's file (``<part>/<artifact name>``), ``config.json``, ``generation_config.json``,
         the tokenizer or processor files (when ``preprocessor`` is given) and ``export.json``.
@@ -749,12 +750,17 @@ class GenerationArtifacts(dict):
         exporter's ``default_atol`` plus :data:`PARITY_RTOL` times the largest eager output value).
         The folder is written beside the target and moved into place at the end.
 
+        With ``aoti`` (dynamo only), each part is also compiled into an AOTInductor package
+        (``<part>/model.aoti.pt2``, the part's ``aoti_package`` in the manifest) for the C++ runner, and
+        checked like the part when ``validate``.
+
         Returns:
             the manifest written.
 
         Raises:
-            InputError: ``directory`` exists, is not empty and ``overwrite`` is False.
+            InputError: ``directory`` exists, is not empty and ``overwrite`` is False; ``aoti`` for another backend.
             ParityError: a part's outputs differ from eager beyond the exporter's ``default_atol``.
+            ExportStageError: the AOTInductor compile failed.
         """
         from .errors import ParityError
         from .pipeline import check_output_folder, library_versions, staged_folder
@@ -762,6 +768,8 @@ class GenerationArtifacts(dict):
 
         out = Path(directory)
         check_output_folder(out, overwrite)
+        if aoti and self.exporter.name != "dynamo":
+            raise InputError(f"aoti compiles the dynamo backend's programs; these parts were exported with {self.exporter.name!r}")
         manifest: dict[str, Any] = {}
         with staged_folder(out, manifest) as staging:
             parts_manifest: dict[str, Any] = {}
@@ -782,8 +790,16 @@ class GenerationArtifacts(dict):
                     **({"extra": part.extra} if part.extra else {}),
                     "export_seconds": round(self.export_seconds.get(name, 0.0), 3),
                 }
-                if validate:
-                    runner = self.exporter.load_runner(path)
+                checked = [path]
+                if aoti:
+                    from .exporters.dynamo import AOTI_SUFFIX
+
+                    package = self.exporter.compile_aoti(artifact, folder / ("model" + AOTI_SUFFIX))
+                    entry["aoti_package"] = str(package.relative_to(staging))
+                    entry["files"] = sorted(str(p.relative_to(staging)) for p in folder.rglob("*") if p.is_file())
+                    checked.append(package)
+                for path_checked in checked if validate else []:
+                    runner = self.exporter.load_runner(path_checked)
                     with torch.no_grad():
                         expected = part.module(**_copy_inputs(part.inputs))
                     expected = list(expected) if isinstance(expected, tuple) else [expected]
@@ -794,10 +810,12 @@ class GenerationArtifacts(dict):
                     scale = max((float(e.abs().max()) for e in expected if isinstance(e, torch.Tensor) and e.numel()), default=0.0)
                     limit = self.exporter.default_atol + PARITY_RTOL * scale
                     ok = all(not d.nonfinite and d.max_abs_diff <= limit for d in diffs) and len(actual) == len(expected)
-                    entry["parity"] = {"atol": self.exporter.default_atol, "rtol": PARITY_RTOL, "max_abs_eager": scale, "max_abs_diff": worst, "ok": ok}
+                    entry["aoti_parity" if path_checked != path else "parity"] = {
+                        "atol": self.exporter.default_atol, "rtol": PARITY_RTOL, "max_abs_eager": scale, "max_abs_diff": worst, "ok": ok
+                    }
                     if not ok:
                         raise ParityError(
-                            f"part {name!r}: outputs differ from eager beyond atol {self.exporter.default_atol} + "
+                            f"part {name!r}{' (AOTInductor package)' if path_checked != path else ''}: outputs differ from eager beyond atol {self.exporter.default_atol} + "
                             f"rtol {PARITY_RTOL} x max|eager| {scale:.3g} (max abs diff {worst:.3g}; {len(actual)} outputs vs {len(expected)} expected)"
                         )
                 parts_manifest[name] = entry
@@ -899,6 +917,7 @@ def export_generation_folder(
     validate: bool = True,
     overwrite: bool = False,
     prompt: str = "Exported models should give the same tokens",
+    aoti: bool = False,
 ) -> dict[str, Any]:
     """Load the checkpoint folder ``model_path``, export its generation parts with ``backend`` and write ``output``.
 
@@ -936,7 +955,9 @@ def export_generation_folder(
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     exporter = make_exporter(backend)
     artifacts = export_for_generation(exporter, model, inputs, make_config(exporter, True, recipe))
-    return artifacts.save_pretrained(out, preprocessor=preprocessor, validate=validate, overwrite=overwrite, source_model=str(path.resolve()))
+    return artifacts.save_pretrained(
+        out, preprocessor=preprocessor, validate=validate, overwrite=overwrite, source_model=str(path.resolve()), aoti=aoti
+    )
 
 
 # ── Generator ─────────────────────────────────────────────────────────────────

@@ -316,11 +316,14 @@ def export_to_folder(
     preprocessor: Any = None,
     task: str | None = None,
     overwrite: bool = False,
+    aoti: bool = False,
 ) -> dict[str, Any]:
     """Export ``model`` with ``backend`` into the folder ``output`` and return the manifest written there.
 
     With ``validate``, the saved artifact is run in its runtime on ``inputs`` and, when dynamic, on a
     second input set of other sizes; a difference beyond ``atol`` (default: the backend's) fails.
+    With ``aoti`` (dynamo only), the program is also compiled into an AOTInductor package
+    (``model.aoti.pt2``, manifest key ``aoti_package``) for C++ deployment, checked the same way.
 
     Raises:
         InputError: unknown backend, or ``output`` exists and is not empty (without ``overwrite``).
@@ -328,6 +331,7 @@ def export_to_folder(
         ExportStageError: an exporter stage failed (its message names the stage).
         ParityError: the artifact's outputs differ from eager beyond ``atol``.
     """
+    from .exporters.dynamo import AOTI_SUFFIX
     from .runtime import check_parity, eager_outputs, resized_inputs
 
     out = Path(output)
@@ -335,6 +339,8 @@ def export_to_folder(
         raise InputError(f"--atol must be a finite number >= 0, got {atol}")
     check_output_folder(out, overwrite)
     exporter = make_exporter(backend)
+    if aoti and backend != "dynamo":
+        raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
     config = make_config(exporter, dynamic, recipe)
     tolerance = exporter.default_atol if atol is None else atol
 
@@ -366,6 +372,13 @@ def export_to_folder(
 
                 raise ExportStageError(exporter.name, "runtime check", first_line(error), blamed_line(error)) from error
             parity = [r.as_dict() for r in reports]
+        aoti_entry: dict[str, Any] = {}
+        if aoti:
+            package = exporter.compile_aoti(program, staging / ("model" + AOTI_SUFFIX))
+            aoti_entry["aoti_package"] = package.name
+            if validate:
+                aoti_reports = check_parity(model, exporter.load_runner(package), input_sets, tolerance)
+                aoti_entry["aoti_parity"] = [r.as_dict() for r in aoti_reports]
 
         manifest.update(
             {
@@ -386,6 +399,7 @@ def export_to_folder(
                 "validated": validate,
                 "atol": tolerance,
                 "parity": parity,
+                **aoti_entry,
             }
         )
     return manifest

@@ -22,7 +22,8 @@ struct TensorSpec {
 struct Part {
   std::string name;
   std::string role;  // "forward", "prefill", "decode" or "encoder"
-  std::filesystem::path file;  // absolute path, inside the folder
+  std::filesystem::path file;  // absolute path, inside the folder (for dynamo: the AOTInductor package when there is one)
+  std::string format;          // "executorch" (.pte), "aoti" (AOTInductor package), "exported_program" or "onnx"
   std::vector<TensorSpec> inputs;
   std::vector<std::string> outputs;
   std::string cache_kind;  // "dynamic", "static", "encoder_decoder" or "" (no cache)

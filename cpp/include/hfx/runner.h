@@ -19,9 +19,14 @@ class PartRunner {
   virtual std::vector<Tensor> run(const std::vector<Tensor>& inputs) = 0;
 };
 
-/// Load `part` with the runtime of `backend` ("executorch"; "dynamo" for an AOTInductor package when
-/// built with libtorch). Throws hfx::Error for an unsupported backend or a file the runtime refuses.
+/// Load `part` with its runtime: ExecuTorch for a .pte, libtorch's AOTInductor package loader for an
+/// AOTInductor package. Throws hfx::Error for another format (an ExportedProgram, ONNX) or a file
+/// the runtime refuses.
 std::unique_ptr<PartRunner> load_part(const Manifest& manifest, const Part& part);
+
+/// Load an AOTInductor package (`*.aoti.pt2`, written by `hf-exporters export --aoti`). Throws
+/// hfx::Error when the file is not a package the loader accepts.
+std::unique_ptr<PartRunner> load_aoti(const std::filesystem::path& path);
 
 /// Load a .pte file with the ExecuTorch runtime (its `forward` method). Throws hfx::Error when the
 /// file is not a valid program or the method cannot be loaded.

@@ -62,6 +62,10 @@ def load_exported_program(path: str | os.PathLike[str], model_class: str | None 
     return torch.export.load(str(path))
 
 
+#: file-name ending of an AOTInductor package written by :meth:`DynamoExporter.compile_aoti`
+AOTI_SUFFIX = ".aoti.pt2"
+
+
 class DynamoExporter:
     """Export a model with ``torch.export`` and the project's workarounds.
 
@@ -120,8 +124,33 @@ class DynamoExporter:
         return path
 
     def load_runner(self, path: str | os.PathLike[str]) -> Any:
-        """A callable ``run(inputs) -> output tensors in flatten order`` over the saved artifact."""
+        """A callable ``run(inputs) -> output tensors in flatten order`` over the saved artifact
+        (an AOTInductor package, ``*.aoti.pt2``, runs through AOTInductor's loader)."""
+        if str(path).endswith(AOTI_SUFFIX):
+            from ..runtime.torch_runner import AotiRunner
+
+            return AotiRunner(path)
         return ExportedProgramRunner(load_exported_program(path))
+
+    def compile_aoti(self, program: torch.export.ExportedProgram, path: str | os.PathLike[str]) -> Path:
+        """Compile ``program`` ahead of time with AOTInductor into the package ``path`` (``*.aoti.pt2``:
+        a zip holding the compiled shared library and its weights, loaded from C++ by libtorch's
+        ``torch::inductor::AOTIModelPackageLoader`` or from Python by ``torch._inductor.aoti_load_package``).
+
+        Needs the program's example inputs (kept by :meth:`export`) and a C++ compiler (g++) at
+        export time. Dynamic axes stay dynamic. Raises ExportStageError ("AOTInductor compile").
+        """
+        from ..errors import ExportStageError
+        from ._common import blamed_line, first_line
+
+        target = Path(path)
+        if program.example_inputs is None:
+            raise ExportStageError(self.name, "AOTInductor compile", "the program has no example inputs (export it in this process)")
+        try:
+            torch._inductor.aoti_compile_and_package(program, package_path=str(target))
+        except Exception as error:  # noqa: BLE001
+            raise ExportStageError(self.name, "AOTInductor compile", first_line(error), blamed_line(error)) from error
+        return target
 
     def export(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: DynamoConfig | None = None) -> torch.export.ExportedProgram:
         """Trace ``model`` called as ``model(**inputs)``.
