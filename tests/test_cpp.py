@@ -227,3 +227,14 @@ def test_a_folder_without_a_runnable_file_is_an_error(tmp_path):
     result = _hfx_run(folder, "--inputs", inputs_file)
     assert result.returncode == 1
     assert "part 'model' is exported_program; hfx runs ExecuTorch programs (.pte) and AOTInductor packages (export with --aoti)" in result.stderr
+
+
+def test_a_sweep_job_runs_on_the_cpp_runtime():
+    from hf_exporters.sweep import runner
+    from hf_exporters.sweep.job import run_job
+
+    spec = {"class": "BertModel", "backend": "executorch", "dynamic": True, "runtime": "cpp"}
+    record = run_job(spec)
+    assert record["outcome"] == "pass", record
+    assert record["input_sets"] == 2 and record["max_abs_diff"] <= record["atol"]
+    assert runner.job_key(spec) == "ours|executorch|dynamic|BertModel|cpp"

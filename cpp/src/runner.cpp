@@ -1,5 +1,6 @@
 #include "hfx/runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -20,7 +21,9 @@ std::unique_ptr<PartRunner> load_part(const Manifest& manifest, const Part& part
               "; hfx runs ExecuTorch programs (.pte) and AOTInductor packages (export with --aoti)");
 }
 
-std::map<std::string, Tensor> run_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named, const std::string& part_name) {
+namespace {
+
+const Part& forward_part(const Manifest& manifest, const std::string& part_name) {
   const Part* part = nullptr;
   if (!part_name.empty()) {
     auto it = manifest.parts.find(part_name);
@@ -31,6 +34,10 @@ std::map<std::string, Tensor> run_forward(const Manifest& manifest, const std::m
   } else {
     throw Error(manifest.directory.string() + ": the folder has several parts; name one with --part");
   }
+  return *part;
+}
+
+std::vector<Tensor> ordered_inputs(const Part* part, const std::map<std::string, Tensor>& named) {
   std::vector<Tensor> inputs;
   for (const auto& spec : part->inputs) {
     auto it = named.find(spec.name);
@@ -43,6 +50,24 @@ std::map<std::string, Tensor> run_forward(const Manifest& manifest, const std::m
       throw Error("input '" + spec.name + "' is " + it->second.dtype + ", the part takes " + spec.dtype);
     inputs.push_back(it->second);
   }
+  return inputs;
+}
+
+}  // namespace
+
+double time_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named, const std::string& part_name, int repeat) {
+  const Part& part = forward_part(manifest, part_name);
+  const auto inputs = ordered_inputs(&part, named);
+  auto runner = load_part(manifest, part);
+  runner->run(inputs);
+  const auto started = std::chrono::steady_clock::now();
+  for (int i = 0; i < repeat; ++i) runner->run(inputs);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() / std::max(repeat, 1);
+}
+
+std::map<std::string, Tensor> run_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named, const std::string& part_name) {
+  const Part* part = &forward_part(manifest, part_name);
+  const auto inputs = ordered_inputs(part, named);
   auto runner = load_part(manifest, *part);
   auto outputs = runner->run(inputs);
   if (outputs.size() != part->outputs.size())

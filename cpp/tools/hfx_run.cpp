@@ -1,6 +1,7 @@
 // hfx-run: run an artifact folder written by hf-exporters from C++.
 //
 //   hfx-run DIR --inputs in.safetensors [--part NAME] [--expect out.safetensors [--atol A]] [--output out.safetensors]
+//           [--repeat N]   (N more timed forwards after the first: prints the mean latency in ms)
 //   hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID]
 //
 // Exit status: 0 done (and within --atol), 1 an error (one "error: ..." line on stderr),
@@ -15,6 +16,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <chrono>
 #include <vector>
 
 #include "hfx/error.h"
@@ -25,7 +27,7 @@
 namespace {
 
 const char* kUsage =
-    "usage: hfx-run DIR --inputs in.safetensors [--part NAME] [--expect out.safetensors [--atol A]] [--output out.safetensors]\n"
+    "usage: hfx-run DIR --inputs in.safetensors [--part NAME] [--expect out.safetensors [--atol A]] [--output out.safetensors] [--repeat N]\n"
     "       hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID]\n";
 
 std::vector<int64_t> parse_ids(const std::string& text) {
@@ -64,6 +66,7 @@ int run(int argc, char** argv) {
   std::string directory, inputs, part, expect, output, input_ids;
   double atol = 1e-3;
   int max_new_tokens = 20;
+  int repeat = 0;
   int64_t eos = -1;
   bool generate = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -80,6 +83,7 @@ int run(int argc, char** argv) {
     else if (a == "--generate") generate = true;
     else if (a == "--input-ids") input_ids = value();
     else if (a == "--max-new-tokens") max_new_tokens = static_cast<int>(parse_number(a, value()));
+    else if (a == "--repeat") repeat = static_cast<int>(parse_number(a, value()));
     else if (a == "--eos-token-id") eos = static_cast<int64_t>(parse_number(a, value()));
     else if (!a.empty() && a[0] == '-') throw hfx::Error("unknown option " + a + "\n" + kUsage);
     else if (directory.empty()) directory = a;
@@ -99,7 +103,12 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (inputs.empty()) throw hfx::Error(std::string("give --inputs in.safetensors, or --generate\n") + kUsage);
-  const auto outputs = hfx::run_forward(manifest, hfx::read_safetensors(inputs), part);
+  const auto named = hfx::read_safetensors(inputs);
+  const auto outputs = hfx::run_forward(manifest, named, part);
+  if (repeat > 0) {
+    const auto timing = hfx::time_forward(manifest, named, part, repeat);
+    std::printf("latency: %.3f ms (mean of %d runs after a warm-up run)\n", timing * 1e3, repeat);
+  }
   if (!output.empty()) hfx::write_safetensors(output, outputs);
   int status = 0;
   if (!expect.empty()) {

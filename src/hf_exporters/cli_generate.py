@@ -19,6 +19,7 @@ def generate(
     do_sample: bool = typer.Option(False, "--sample/--greedy", help="Sample with the generation config's warpers instead of greedy."),
     compare_eager: bool = typer.Option(False, "--compare-eager", help="Also run eager generate() on the source checkpoint and compare ids."),
     model: Optional[Path] = typer.Option(None, "--model", "-m", help="Checkpoint for --compare-eager (default: the one recorded in export.json)."),
+    runtime: str = typer.Option("python", "--runtime", help="python (the backend's Python runtime) | cpp (ExecuTorch folders: the C++ runner, make cpp)."),
 ) -> None:
     """Generate text with the exported parts in the backend's runtime; print the text and tokens per second.
 
@@ -32,7 +33,7 @@ def generate(
     from .generation import ExportedGenerator
 
     try:
-        generator = ExportedGenerator.from_pretrained(directory)
+        generator = ExportedGenerator.from_pretrained(directory, runtime=runtime)
         started = time.perf_counter()
         text, input_ids, ids = generator.generate_text(prompt, max_new_tokens=max_new_tokens, do_sample=do_sample)
         seconds = time.perf_counter() - started

@@ -45,6 +45,7 @@ def sweep(
     any_revision: bool = typer.Option(False, "--resume-any-revision", help="Resume past jobs recorded under another code revision (same versions); the summary lists every revision."),
     report_only: bool = typer.Option(False, "--report-only", help="Only regenerate the reports from results.jsonl."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    runtime: str = typer.Option("python", "--runtime", help="ExecuTorch jobs: python (executorch.runtime) | cpp (the C++ runner, make cpp); recorded as its own jobs."),
 ) -> None:
     """Export model classes of the installed transformers through each backend and report parity pass rates."""
     from .known_issues import skip_reason
@@ -99,6 +100,12 @@ def sweep(
             s.pop("recheck", None)
     if recheck_skips:
         specs = [s for s in specs if s.get("recheck")]
+    if runtime not in ("python", "cpp"):
+        typer.echo(f"error: --runtime {runtime}: choose python or cpp", err=True)
+        raise typer.Exit(1)
+    if runtime == "cpp":
+        for s in specs:
+            s["runtime"] = "cpp"
     done = store.done(any_revision) if resume else set()
     pending = [s for s in specs if runner.job_key(s) not in done]
     command = "hf-exporters sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "sweep")
@@ -118,7 +125,7 @@ def sweep(
                 "options": {"backend": backends, "engine": engines, "shapes": shapes, "classes": classes, "only": only,
                             "shard": shard, "jobs": jobs, "timeout": timeout, "memory_gb": memory_gb, "ray": ray,
                             "recheck_skips": recheck_skips, "smoke": smoke, "resume": resume,
-                            "resume_any_revision": any_revision},
+                            "resume_any_revision": any_revision, "runtime": runtime},
             }) + "\n")
         records = runner.run_jobs(
             pending, store, jobs=jobs, timeout=timeout, memory_gb=memory_gb, ray_address=ray, progress=progress,

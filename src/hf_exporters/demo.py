@@ -6,7 +6,9 @@ and at a decode step with a filled DynamicCache, through every backend, each wit
 checked against eager PyTorch in the backend's runtime on two input sizes. Then, per backend, it runs
 ``hf-exporters export --task text-generation`` on the tiny Llama checkpoint (with a word-level
 tokenizer) and ``hf-exporters generate DIR --prompt ... --max-new-tokens 8 --compare-eager`` on the
-folder written, which generates from the folder alone and compares the ids with eager ``generate()``.
+folder written, which generates from the folder alone and compares the ids with eager ``generate()``. Last, the C++ runner ``hfx-run`` (``make
+cpp``) runs the tiny Llama's ExecuTorch prefill folder against eager outputs and generates from its
+ExecuTorch text-generation folder.
 Prints a table and writes ``reports/demo.json``: a list of rows ``{model, backend, status,
 max_abs_diff, export_seconds}`` (generation rows: ``{model, backend, status, same_ids_as_eager,
 tokens_per_second, export_seconds}``).
@@ -99,6 +101,61 @@ def run_generation(backends: list[str], checkpoint: Path, out: Path, prompt: str
     return rows
 
 
+def run_cpp(llama: Any, prefill: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+    """The C++ runner on the tiny Llama's ExecuTorch folders: ``hfx-run`` forward parity on the prefill
+    export (eager outputs as ``--expect``) and greedy generation from the text-generation folder,
+    compared with eager ``generate()``."""
+    import re
+    import subprocess
+
+    import torch
+    from safetensors.torch import save_file
+
+    from .runtime.compare import eager_outputs
+    from .runtime.cpp_runner import hfx_run
+    from .errors import HfExportersError
+
+    rows: list[dict[str, Any]] = []
+    try:
+        binary = str(hfx_run())
+    except HfExportersError as error:
+        return [{"model": "tiny-llama hfx-run", "backend": "executorch", "status": "failed", "max_abs_diff": None, "export_seconds": 0.0, "error": str(error)}]
+    folder = out / "tiny-llama-prefill-executorch"
+    manifest = json.loads((folder / "export.json").read_text())
+    save_file({spec["name"]: t.contiguous() for spec, t in zip(manifest["inputs"], prefill.values())}, out / "hfx-inputs.safetensors")
+    names = [o["name"] for o in manifest["outputs"]]
+    save_file({n: t.contiguous() for n, (_, t) in zip(names, eager_outputs(llama, prefill))}, out / "hfx-expected.safetensors")
+    done = subprocess.run([binary, str(folder), "--inputs", str(out / "hfx-inputs.safetensors"), "--expect", str(out / "hfx-expected.safetensors"),
+                           "--atol", "1e-3"], capture_output=True, text=True, check=False)
+    diffs = [float(d) for d in re.findall(r"max abs diff (\S+)", done.stdout)]
+    row: dict[str, Any] = {"model": "tiny-llama prefill, hfx-run (C++)", "backend": "executorch", "export_seconds": 0.0,
+                           "status": "ok" if done.returncode == 0 and diffs else "failed", "max_abs_diff": max(diffs) if diffs else None}
+    if row["status"] != "ok":
+        row["error"] = (done.stderr or done.stdout).strip().splitlines()[-1] if (done.stderr or done.stdout).strip() else f"exit status {done.returncode}"
+    rows.append(row)
+    print(_format_row(row), flush=True)
+
+    prompt = [5, 17, 33, 2, 71, 9]
+    with torch.no_grad():
+        eager = llama.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=8, do_sample=False)
+    eos = llama.generation_config.eos_token_id
+    eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+    done = subprocess.run([binary, str(out / "tiny-llama-generation-executorch"), "--generate", "--input-ids", ",".join(map(str, prompt)),
+                           "--max-new-tokens", "8", *(["--eos-token-id", str(eos)] if eos is not None else [])],
+                          capture_output=True, text=True, check=False)
+    ids = re.search(r"^ids: (\S+)$", done.stdout, re.M)
+    speed = re.search(r"([0-9.]+) tokens/s", done.stdout)
+    same = bool(ids) and [int(i) for i in ids.group(1).split(",")] == eager[0].tolist()
+    row = {"model": "tiny-llama generation, hfx-run (C++)", "backend": "executorch", "export_seconds": 0.0, "max_abs_diff": None,
+           "status": "ok" if done.returncode == 0 and same else "failed", "same_ids_as_eager": same,
+           "tokens_per_second": float(speed.group(1)) if speed else None}
+    if row["status"] != "ok":
+        row["error"] = (done.stderr.strip() or f"ids {ids.group(1) if ids else None} != eager {eager[0].tolist()}")
+    rows.append(row)
+    print(_format_row(row), flush=True)
+    return rows
+
+
 def _llama_inputs(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
@@ -158,6 +215,8 @@ def run(backends: list[str], out: Path, report: Path) -> list[dict[str, Any]]:
     checkpoint = out / "tiny-llama-checkpoint"
     write_word_tokenizer(checkpoint, llama.config.vocab_size)
     rows += run_generation(backends, checkpoint, out)
+    if "executorch" in backends:
+        rows += run_cpp(llama, prefill, out)
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(json.dumps(rows, indent=2) + "\n")
     return rows

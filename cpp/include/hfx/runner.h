@@ -37,6 +37,9 @@ std::unique_ptr<PartRunner> load_executorch(const std::filesystem::path& path);
 std::map<std::string, Tensor> run_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named,
                                           const std::string& part = "");
 
+/// Mean wall time in seconds of `repeat` forwards of the part (loaded once, one untimed warm-up run).
+double time_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named, const std::string& part, int repeat);
+
 struct GenerationResult {
   std::vector<int64_t> ids;  // prompt then new tokens (batch 1)
   int new_tokens = 0;

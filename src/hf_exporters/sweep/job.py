@@ -220,6 +220,16 @@ def _save(exporter: Any, program: Any, directory: str) -> Any:
     return exporter.save(program, directory)
 
 
+def _load_runner(exporter: Any, artifact: Any, runtime: str) -> Any:
+    """The artifact's runner: the backend's Python runtime, or the C++ runner (``runtime="cpp"``,
+    ExecuTorch programs) through its bindings."""
+    if runtime == "cpp" and exporter.name == "executorch":
+        from ..runtime.cpp_runner import CppExecutorchRunner
+
+        return CppExecutorchRunner(artifact)
+    return exporter.load_runner(artifact)
+
+
 def _probe(kind: str) -> None:
     """Test seams for the runner: a job that crashes, hangs or eats memory on purpose."""
     if kind == "crash":
@@ -326,7 +336,7 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
 
     with tempfile.TemporaryDirectory(prefix="hf-sweep-") as tmp, _at("runtime"):
         artifact = _save(ours, program, tmp)
-        runner = ours.load_runner(artifact)
+        runner = _load_runner(ours, artifact, spec.get("runtime", "python"))
         worst = 0.0
         for inputs_set in input_sets:
             expected = eager_outputs(model, inputs_set)
@@ -403,7 +413,8 @@ def _run_generation(spec: dict[str, Any], record: dict[str, Any]) -> None:
         except Exception as error:  # noqa: BLE001
             raise _Failed("runtime", error) from error
         with _at("runtime"):
-            generator = ExportedGenerator.from_pretrained(f"{tmp}/folder", load_preprocessor=False)
+            runtime = spec.get("runtime", "python") if spec["backend"] == "executorch" else "python"
+            generator = ExportedGenerator.from_pretrained(f"{tmp}/folder", load_preprocessor=False, runtime=runtime)
             ids = generator.generate(**inputs, generation_config=generation_config)
     record["atol"] = exporter.default_atol
     record["new_tokens"] = GENERATION_TOKENS

@@ -33,8 +33,13 @@ def shapes_of(record: dict[str, Any]) -> str:
     return "generation" if record.get("mode") == "generation" else ("dynamic" if record["dynamic"] else "static")
 
 
+def backend_of(record: dict[str, Any]) -> str:
+    """The backend, ``executorch (cpp)`` for ExecuTorch jobs run on the C++ runner."""
+    return f"{record['backend']} (cpp)" if record.get("runtime") == "cpp" else record["backend"]
+
+
 def _group(record: dict[str, Any]) -> str:
-    return f"{record['engine']}|{record['backend']}|{shapes_of(record)}"
+    return f"{record['engine']}|{backend_of(record)}|{shapes_of(record)}"
 
 
 def _failure_stage(record: dict[str, Any]) -> str:
@@ -54,7 +59,7 @@ def summarize(records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, 
             _group(record),
             {
                 "engine": record["engine"],
-                "backend": record["backend"],
+                "backend": backend_of(record),
                 "dynamic": record["dynamic"],
                 "shapes": shapes_of(record),
                 "total": 0,
@@ -104,7 +109,7 @@ def _table(summary: dict[str, Any]) -> list[str]:
 
 def compare_engines(records: list[dict[str, Any]]) -> dict[str, list[str]]:
     """Jobs (class, backend, shapes) that pass with ours and fail upstream, and the reverse."""
-    by = {(r["engine"], r["backend"], shapes_of(r), r["model_class"]): r["outcome"] for r in latest(records)}
+    by = {(r["engine"], backend_of(r), shapes_of(r), r["model_class"]): r["outcome"] for r in latest(records)}
     ours_only, upstream_only = [], []
     for (engine, backend, shapes, cls), outcome in sorted(by.items()):
         if engine != "ours":

@@ -81,7 +81,9 @@ def shapes_label(spec: dict[str, Any]) -> str:
 
 
 def job_key(spec: dict[str, Any]) -> str:
-    return f"{spec.get('engine', 'ours')}|{spec['backend']}|{shapes_label(spec)}|{spec['class']}"
+    """``engine|backend|shapes|class``, with ``|cpp`` appended for an ExecuTorch job on the C++ runner."""
+    cpp = "|cpp" if spec.get("runtime") == "cpp" and spec["backend"] == "executorch" else ""
+    return f"{spec.get('engine', 'ours')}|{spec['backend']}|{shapes_label(spec)}|{spec['class']}{cpp}"
 
 
 # ── Results file ─────────────────────────────────────────────────────────────
@@ -352,6 +354,7 @@ def run_jobs(
             backend=spec["backend"],
             dynamic=bool(spec["dynamic"]),
             mode=spec.get("mode", "forward"),
+            runtime=spec.get("runtime", "python") if spec["backend"] == "executorch" else "python",
             model_class=spec["class"],
             model_type=spec.get("model_type"),
             versions=store.versions,
