@@ -69,7 +69,8 @@ def _fix_drop_tensor_data_checks(gm: torch.fx.GraphModule, node: torch.fx.Node) 
     check only guards inputs eager would refuse; the graph's values are the same without it (the
     ExportedProgram of the dynamo backend keeps it).
     Models: LlavaForConditionalGeneration and the multimodal models using ``get_placeholder_mask``.
-    Upstream: pytorch/pytorch#140224 (data-dependent asserts left in exported graphs)
+    Upstream: no report found (none filed from here yet); the gaps are torch.onnx 2.13's torchlib, which has no
+    translation of aten._is_all_true, and executorch/exir/verification/verifier.py, which refuses it as non-core ATen
     Remove when: torch.onnx translates ``aten._is_all_true`` and ExecuTorch accepts or strips it.
     """
     if node.target not in _ASSERTS or not _checks_tensor_data(node):
