@@ -6,7 +6,8 @@ and against eager PyTorch on the same inputs: MiniLM (batch 1, 128 tokens) and t
 (batch 1, 16 tokens).
 Generation: tokens per second of ``hfx-run DIR --generate`` (greedy, loop time) against
 ``ExportedGenerator`` on ``executorch.runtime`` and eager ``generate()``: 32 new tokens from a 16-token
-prompt, tiny Llama and a ~100M-parameter Llama config (random weights).
+prompt, tiny Llama and a ~100M-parameter Llama config (random weights); each after one untimed
+warm-up generation (``hfx-run --warmup``), so the runtime's first-run work is not counted.
 
 Usage: ``python benchmarks/cpp_runner.py [--repeat 50] [--json benchmarks/results/cpp_runner.json]``
 (``make cpp`` first). Ratios are ``× eager`` (speed: higher is faster).
@@ -99,7 +100,7 @@ def generation_rows(root: Path, new_tokens: int = 32, prompt_len: int = 16) -> l
         python_ids = generator.generate(prompt, attention_mask=mask, max_new_tokens=new_tokens)
         python = new_tokens / (time.perf_counter() - started)
         done = subprocess.run([str(hfx_run()), str(folder), "--generate", "--input-ids", ",".join(map(str, prompt[0].tolist())),
-                               "--max-new-tokens", str(new_tokens)], capture_output=True, text=True, check=True)
+                               "--max-new-tokens", str(new_tokens), "--warmup"], capture_output=True, text=True, check=True)
         cpp = float(re.search(r"([0-9.]+) tokens/s", done.stdout).group(1))
         cpp_ids = [int(i) for i in re.search(r"^ids: (\S+)$", done.stdout, re.M).group(1).split(",")]
         rows.append({"model": "tiny Llama" if name == "tiny" else "~100M Llama", "eager_tokens_per_s": eager,

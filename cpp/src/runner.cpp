@@ -92,24 +92,28 @@ int64_t argmax_last(const Tensor& logits) {
 
 }  // namespace
 
-GenerationResult generate_greedy(const Manifest& manifest, const std::vector<int64_t>& prompt, int max_new_tokens, int64_t eos_token_id) {
+Generator::Generator(const Manifest& manifest) {
   if (manifest.kind != "generation") throw Error(manifest.directory.string() + ": not a generation folder (export it with --task text-generation)");
   if (manifest.is_encoder_decoder) throw Error(manifest.directory.string() + ": encoder-decoder generation is not supported by hfx yet (decoder-only folders are)");
-  if (prompt.empty()) throw Error("the prompt has no token ids");
-  if (max_new_tokens < 1) throw Error("max_new_tokens must be at least 1");
   const Part& prefill = manifest.part_with_role("prefill");
   const Part& decode = manifest.part_with_role("decode");
   if (decode.cache_kind != "dynamic" || manifest.parts.size() != 2)
     throw Error(manifest.directory.string() + ": only folders of a prefill and a decode part over a dynamic cache are supported by hfx yet (this one: cache '" + decode.cache_kind + "', " + std::to_string(manifest.parts.size()) + " parts)");
-  auto prefill_runner = load_part(manifest, prefill);
-  auto decode_runner = load_part(manifest, decode);
+  prefill_ = &prefill;
+  prefill_runner_ = load_part(manifest, prefill);
+  decode_runner_ = load_part(manifest, decode);
+}
+
+GenerationResult Generator::generate(const std::vector<int64_t>& prompt, int max_new_tokens, int64_t eos_token_id) {
+  if (prompt.empty()) throw Error("the prompt has no token ids");
+  if (max_new_tokens < 1) throw Error("max_new_tokens must be at least 1");
   GenerationResult result;
   result.ids = prompt;
   const int64_t length = static_cast<int64_t>(prompt.size());
   const auto started = std::chrono::steady_clock::now();
-  std::vector<Tensor> outputs = prefill_runner->run({make_int64({1, length}, prompt), make_int64({1, length}, std::vector<int64_t>(prompt.size(), 1))});
+  std::vector<Tensor> outputs = prefill_runner_->run({make_int64({1, length}, prompt), make_int64({1, length}, std::vector<int64_t>(prompt.size(), 1))});
   for (int step = 0; step < max_new_tokens; ++step) {
-    if (outputs.size() < 2) throw Error(prefill.file.string() + ": returned no cache tensors");
+    if (outputs.size() < 2) throw Error(prefill_->file.string() + ": returned no cache tensors");
     const int64_t token = argmax_last(outputs[0]);
     result.ids.push_back(token);
     ++result.new_tokens;
@@ -118,10 +122,14 @@ GenerationResult generate_greedy(const Manifest& manifest, const std::vector<int
     feed.push_back(make_int64({1, 1}, {token}));
     feed.push_back(make_int64({1, static_cast<int64_t>(result.ids.size())}, std::vector<int64_t>(result.ids.size(), 1)));
     for (size_t i = 1; i < outputs.size(); ++i) feed.push_back(std::move(outputs[i]));
-    outputs = decode_runner->run(feed);
+    outputs = decode_runner_->run(feed);
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;
+}
+
+GenerationResult generate_greedy(const Manifest& manifest, const std::vector<int64_t>& prompt, int max_new_tokens, int64_t eos_token_id) {
+  return Generator(manifest).generate(prompt, max_new_tokens, eos_token_id);
 }
 
 }  // namespace hfx

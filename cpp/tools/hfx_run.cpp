@@ -2,7 +2,9 @@
 //
 //   hfx-run DIR --inputs in.safetensors [--part NAME] [--expect out.safetensors [--atol A]] [--output out.safetensors]
 //           [--repeat N]   (N more timed forwards after the first: prints the mean latency in ms)
-//   hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID]
+//   hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID] [--warmup]
+//           (--warmup: one untimed 2-token generation first, so the runtime's first-run work, such as
+//           XNNPACK packing its weights, is not counted in tokens/s)
 //
 // Exit status: 0 done (and within --atol), 1 an error (one "error: ..." line on stderr),
 // 2 an output differs from --expect beyond --atol. The ExecuTorch runtime's own log lines (CPU
@@ -28,7 +30,7 @@ namespace {
 
 const char* kUsage =
     "usage: hfx-run DIR --inputs in.safetensors [--part NAME] [--expect out.safetensors [--atol A]] [--output out.safetensors] [--repeat N]\n"
-    "       hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID]\n";
+    "       hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID] [--warmup]\n";
 
 std::vector<int64_t> parse_ids(const std::string& text) {
   std::vector<int64_t> ids;
@@ -69,6 +71,7 @@ int run(int argc, char** argv) {
   int repeat = 0;
   int64_t eos = -1;
   bool generate = false;
+  bool warmup = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> std::string {
@@ -81,6 +84,7 @@ int run(int argc, char** argv) {
     else if (a == "--output") output = value();
     else if (a == "--atol") atol = parse_number(a, value());
     else if (a == "--generate") generate = true;
+    else if (a == "--warmup") warmup = true;
     else if (a == "--input-ids") input_ids = value();
     else if (a == "--max-new-tokens") max_new_tokens = static_cast<int>(parse_number(a, value()));
     else if (a == "--repeat") repeat = static_cast<int>(parse_number(a, value()));
@@ -94,12 +98,16 @@ int run(int argc, char** argv) {
 
   if (generate) {
     if (input_ids.empty()) throw hfx::Error("--generate needs --input-ids");
-    const auto result = hfx::generate_greedy(manifest, parse_ids(input_ids), max_new_tokens, eos);
+    const auto prompt = parse_ids(input_ids);
+    hfx::Generator generator(manifest);
+    if (warmup) generator.generate(prompt, 2, eos);
+    const auto result = generator.generate(prompt, max_new_tokens, eos);
     std::string ids;
     for (size_t i = 0; i < result.ids.size(); ++i) ids += (i ? "," : "") + std::to_string(result.ids[i]);
     std::cout << "ids: " << ids << "\n";
-    std::printf("%d new tokens in %.3f s: %.1f tokens/s (%s)\n", result.new_tokens, result.seconds,
-                result.new_tokens / (result.seconds > 0 ? result.seconds : 1e-9), manifest.backend.c_str());
+    std::printf("%d new tokens in %.3f s: %.1f tokens/s (%s%s)\n", result.new_tokens, result.seconds,
+                result.new_tokens / (result.seconds > 0 ? result.seconds : 1e-9), manifest.backend.c_str(),
+                warmup ? ", after a warm-up run" : "");
     return 0;
   }
   if (inputs.empty()) throw hfx::Error(std::string("give --inputs in.safetensors, or --generate\n") + kUsage);

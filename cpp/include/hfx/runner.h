@@ -46,6 +46,18 @@ struct GenerationResult {
   double seconds = 0.0;      // wall time of the loop (prefill and decode steps)
 };
 
+/// Greedy generation over a decoder-only generation folder's prefill and decode parts, loaded once
+/// (see generate_greedy for what is supported). Throws hfx::Error as generate_greedy does.
+class Generator {
+ public:
+  explicit Generator(const Manifest& manifest);
+  GenerationResult generate(const std::vector<int64_t>& prompt, int max_new_tokens, int64_t eos_token_id = -1);
+
+ private:
+  const Part* prefill_ = nullptr;
+  std::unique_ptr<PartRunner> prefill_runner_, decode_runner_;
+};
+
 /// Greedy generation from a decoder-only generation folder (prefill and decode parts over a dynamic
 /// cache): `prompt` token ids, up to `max_new_tokens` new ones (stops early at `eos_token_id` >= 0).
 /// Throws hfx::Error for a folder of another kind (encoder-decoder, static cache) or an empty prompt.
