@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 
 CPP_BUILD := build/cpp
 
-.PHONY: demo test smoke test-slow bench clean cpp cpp-deps
+.PHONY: demo test smoke test-slow bench clean cpp cpp-deps cpp-asan
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml requirements.lock
 demo: $(STAMP) cpp
 	$(PY) -m hf_exporters.demo
 
-test: $(STAMP) cpp
+test: $(STAMP) cpp cpp-asan
 	$(PY) -m pytest -q -m "not slow" tests
 	$(MAKE) smoke
 
@@ -42,6 +42,14 @@ cpp: $(STAMP) cpp-deps
 		-Dpybind11_DIR=$$($(PY) -c 'import pybind11; print(pybind11.get_cmake_dir())') > $(CPP_BUILD)/configure.log \
 		|| { cat $(CPP_BUILD)/configure.log; exit 1; }
 	cmake --build $(CPP_BUILD) -j2
+
+# hfx-run and its unit tests under AddressSanitizer + UBSan (tests/test_cpp.py runs the malformed-folder cases with it)
+cpp-asan: $(STAMP) cpp-deps
+	mkdir -p build/cpp-asan
+	cmake -S cpp -B build/cpp-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHFX_SANITIZE=ON -DPython_EXECUTABLE=$(abspath $(PY)) \
+		-Dpybind11_DIR=$$($(PY) -c 'import pybind11; print(pybind11.get_cmake_dir())') > build/cpp-asan/configure.log \
+		|| { cat build/cpp-asan/configure.log; exit 1; }
+	cmake --build build/cpp-asan -j2 --target hfx-run hfx_tests
 
 # The CI smoke sweep: ~20 classes across families through every backend, fresh each time; fails when a
 # job the baseline (src/hf_exporters/sweep/smoke_baseline.json) expects to pass does not.

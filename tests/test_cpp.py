@@ -32,8 +32,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ATOL = 1e-3
 
 
-def _hfx_run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BUILD / "hfx-run"), *map(str, args)], capture_output=True, text=True, timeout=300, check=False)
+ASAN_BUILD = BUILD.parent / "cpp-asan"
+
+
+def _hfx_run(*args: str, binary=None, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(binary or BUILD / "hfx-run"), *map(str, args)], capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, **(env or {})})
 
 
 def _tiny_llama_checkpoint(folder):
@@ -144,18 +148,16 @@ def test_ctest_unit_tests_pass_with_a_real_program(minilm_folder):
     assert "100% tests passed" in result.stdout and "Skipped" not in result.stdout
 
 
-@pytest.mark.parametrize(
-    ("edit", "message"),
-    [
-        ("truncate", "not a valid ExecuTorch program"),
-        ("schema", "unknown schema_version 7"),
-        ("escape", "is outside the folder"),
-        ("missing", "is missing"),
-        ("garbage_json", "not valid JSON"),
-    ],
-)
-def test_malformed_folders_are_errors_not_crashes(llama_generation, tmp_path, edit, message):
-    _, folder = llama_generation
+MALFORMED = [
+    ("truncate", "not a valid ExecuTorch program"),
+    ("schema", "unknown schema_version 7"),
+    ("escape", "is outside the folder"),
+    ("missing", "is missing"),
+    ("garbage_json", "not valid JSON"),
+]
+
+
+def _broken_copy(folder, tmp_path, edit):
     broken = tmp_path / "broken"
     shutil.copytree(folder, broken)
     manifest = json.loads((broken / "export.json").read_text())
@@ -172,9 +174,33 @@ def test_malformed_folders_are_errors_not_crashes(llama_generation, tmp_path, ed
         (broken / "export.json").write_text(json.dumps(manifest))
     if edit == "garbage_json":
         (broken / "export.json").write_text("{ not json")
+    return broken
+
+
+@pytest.mark.parametrize(("edit", "message"), MALFORMED)
+def test_malformed_folders_are_errors_not_crashes(llama_generation, tmp_path, edit, message):
+    broken = _broken_copy(llama_generation[1], tmp_path, edit)
     result = _hfx_run(broken, "--generate", "--input-ids", "1,2,3", "--max-new-tokens", 2)
     assert result.returncode == 1, (result.returncode, result.stderr)
     assert result.stderr.startswith("error: ") and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_malformed_folders_under_address_and_undefined_behaviour_sanitizers(llama_generation, tmp_path):
+    """The malformed cases again with the sanitizer build (``make cpp-asan``): an error, no sanitizer report."""
+    if not (ASAN_BUILD / "hfx-run").is_file():
+        pytest.skip(f"the sanitizer build is missing ({ASAN_BUILD}; make cpp-asan)")
+    env = {"HFX_VERBOSE": "1", "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1", "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
+    for edit, message in MALFORMED:
+        broken = _broken_copy(llama_generation[1], tmp_path / edit, edit)
+        result = _hfx_run(broken, "--generate", "--input-ids", "1,2,3", "--max-new-tokens", 2, binary=ASAN_BUILD / "hfx-run", env=env)
+        assert result.returncode == 1, (edit, result.returncode, result.stderr[-2000:])
+        assert "Sanitizer" not in result.stderr and "runtime error:" not in result.stderr, result.stderr[-2000:]
+        assert result.stderr.strip().splitlines()[-1].startswith("error: ") and message in result.stderr
+    good = _hfx_run(llama_generation[1], "--generate", "--input-ids", "1,2,3", "--max-new-tokens", 4, binary=ASAN_BUILD / "hfx-run", env=env)
+    assert good.returncode == 0 and "Sanitizer" not in good.stderr, good.stderr[-2000:]
+    unit = subprocess.run([str(ASAN_BUILD / "hfx_tests")], capture_output=True, text=True, timeout=600, check=False,
+                          env={**os.environ, **env})
+    assert unit.returncode == 0 and "Sanitizer" not in unit.stderr, (unit.stdout[-2000:], unit.stderr[-2000:])
 
 
 def test_cli_usage_errors():
