@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -94,6 +95,19 @@ def test_minilm_forward_equals_eager_and_the_python_runtime(minilm_folder):
         assert torch.allclose(cpp[name], tensor, atol=1e-5, rtol=0), name
 
 
+def test_tiny_llama_prefill_forward_equals_eager(tmp_path):
+    model = _tiny_llama_checkpoint(tmp_path / "ckpt")
+    ids = torch.randint(3, 96, (2, 7), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    folder = tmp_path / "llama-prefill-pte"
+    export_to_folder(model, inputs, "executorch", folder, dynamic=True)
+    inputs_file, expected_file, expected = _write_expectations(folder, model, inputs)
+    result = _hfx_run(folder, "--inputs", inputs_file, "--expect", expected_file, "--atol", ATOL)
+    assert result.returncode == 0, result.stderr
+    diffs = dict(re.findall(r"^(\S+): max abs diff (\S+) ok$", result.stdout, re.M))
+    assert set(diffs) == set(expected) and "logits" in diffs  # logits and every layer's key/value cache
+
+
 def test_a_wrong_expectation_exits_2(minilm_folder, tmp_path):
     from safetensors.torch import save_file
 
@@ -107,8 +121,11 @@ def test_a_wrong_expectation_exits_2(minilm_folder, tmp_path):
 
 @pytest.fixture(scope="module")
 def llama_generation(tmp_path_factory):
+    from hf_exporters.demo import write_word_tokenizer
+
     root = tmp_path_factory.mktemp("cpp-gen")
     model = _tiny_llama_checkpoint(root / "ckpt")
+    write_word_tokenizer(root / "ckpt", 96)
     folder = root / "gen-pte"
     export_generation_folder(root / "ckpt", "executorch", folder)
     return model, folder
@@ -138,6 +155,14 @@ def test_generator_with_the_cpp_runtime_equals_the_python_runtime(llama_generati
         eager = model.generate(**inputs, max_new_tokens=8, do_sample=False)
     cpp = ExportedGenerator.from_pretrained(folder, runtime="cpp").generate(**inputs, max_new_tokens=8)
     assert cpp.tolist() == eager.tolist()
+
+
+def test_cli_generate_with_the_cpp_runtime(llama_generation):
+    _, folder = llama_generation
+    done = subprocess.run([sys.executable, "-m", "hf_exporters.cli", "generate", str(folder), "--prompt", "a b c d e f",
+                           "--max-new-tokens", "8", "--compare-eager", "--runtime", "cpp"], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "equal to eager generate(): yes" in done.stdout and "tokens/s (executorch)" in done.stdout
 
 
 def test_ctest_unit_tests_pass_with_a_real_program(minilm_folder):

@@ -72,9 +72,10 @@ def _cli(*args: str) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
-def run_generation(backends: list[str], checkpoint: Path, out: Path, prompt: str = "a b c d e f") -> list[dict[str, Any]]:
+def run_generation(backends: list[str], checkpoint: Path, out: Path, prompt: str = "a b c d e f", runtime: str = "python") -> list[dict[str, Any]]:
     """Export ``checkpoint`` with ``--task text-generation`` per backend and generate from each folder
-    with ``--compare-eager``; one row per backend."""
+    with ``--compare-eager`` (``--runtime cpp``: the ExecuTorch folder through the C++ runner's
+    bindings); one row per backend."""
     import re
 
     rows = []
@@ -82,10 +83,11 @@ def run_generation(backends: list[str], checkpoint: Path, out: Path, prompt: str
         folder = out / f"tiny-llama-generation-{backend}"
         row: dict[str, Any] = {"model": "tiny-llama text-generation", "backend": backend, "max_abs_diff": None}
         started = time.perf_counter()
-        code, text = _cli("export", str(checkpoint), "--backend", backend, "--task", "text-generation", "--output", str(folder), "--overwrite")
+        code, text = _cli("export", "--model", str(checkpoint), "--backend", backend, "--task", "text-generation", "--output", str(folder), "--overwrite")
         row["export_seconds"] = round(time.perf_counter() - started, 3)
         if code == 0:
-            code, text = _cli("generate", str(folder), "--prompt", prompt, "--max-new-tokens", "8", "--compare-eager")
+            runtime_args = ["--runtime", runtime] if backend == "executorch" else []
+            code, text = _cli("generate", str(folder), "--prompt", prompt, "--max-new-tokens", "8", "--compare-eager", *runtime_args)
         speed = re.search(r"([0-9.]+) tokens/s", text)
         same = "equal to eager generate(): yes" in text
         row.update(
@@ -172,7 +174,7 @@ def _llama_inputs(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return prefill, decode
 
 
-def run(backends: list[str], out: Path, report: Path) -> list[dict[str, Any]]:
+def run(backends: list[str], out: Path, report: Path, runtime: str = "python") -> list[dict[str, Any]]:
     from .errors import HfExportersError
     from .pipeline import build_inputs, default_model_path, export_to_folder, load_checkpoint
 
@@ -214,7 +216,7 @@ def run(backends: list[str], out: Path, report: Path) -> list[dict[str, Any]]:
             print(_format_row(row), flush=True)
     checkpoint = out / "tiny-llama-checkpoint"
     write_word_tokenizer(checkpoint, llama.config.vocab_size)
-    rows += run_generation(backends, checkpoint, out)
+    rows += run_generation(backends, checkpoint, out, runtime=runtime)
     if "executorch" in backends:
         rows += run_cpp(llama, prefill, out)
     report.parent.mkdir(parents=True, exist_ok=True)
@@ -237,12 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated backends")
     parser.add_argument("--out", default="out/demo", type=Path, help="folder for the exported artifacts")
     parser.add_argument("--report", default="reports/demo.json", type=Path, help="where to write the rows")
+    parser.add_argument("--runtime", default="python", choices=("python", "cpp"),
+                        help="runtime of the ExecuTorch generation row: executorch.runtime or the C++ runner (hfx-run runs either way)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" notes
     warnings.filterwarnings("ignore")
     print(f"{'model':<34} {'backend':<11} {'status':<7} {'max|diff|':>10} {'export':>9}")
-    rows = run([b for b in args.backends.split(",") if b], args.out, args.report)
+    rows = run([b for b in args.backends.split(",") if b], args.out, args.report, runtime=args.runtime)
     ok = sum(r["status"] == "ok" for r in rows)
     print(f"{ok}/{len(rows)} exports match eager (within tolerance; same token ids for generation); rows written to {args.report}")
     return 0 if ok == len(rows) else 1

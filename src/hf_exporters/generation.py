@@ -195,6 +195,11 @@ def _dynamic_cache(flat: list[torch.Tensor] | None) -> Any:
 
 def _flat_cache(cache: Any) -> list[torch.Tensor]:
     """Key and value tensors of every layer of a transformers cache, in layer order (self then cross)."""
+    if cache is None:
+        raise InputError(
+            "the model returned no key/value cache (past_key_values is None): it does not cache as configured "
+            "(for BERT-like ...ForCausalLM classes set config.is_decoder=True)"
+        )
     if hasattr(cache, "self_attention_cache"):
         return _flat_cache(cache.self_attention_cache) + _flat_cache(cache.cross_attention_cache)
     return [t for layer in cache.layers for t in (layer.keys, layer.values)]

@@ -121,6 +121,8 @@ def build_model(class_name: str, use_cache: bool = False) -> Any:
     config = tiny_config(cls.config_class)
     if not use_cache:
         _no_cache(config)
+    elif class_name.endswith("ForCausalLM") and getattr(config, "is_decoder", None) is False:
+        config.is_decoder = True  # encoder families (BERT, RoBERTa, ...) cache and mask causally only as decoders
     torch.manual_seed(0)
     model = cls(config).eval()
     count = parameter_count(model)
