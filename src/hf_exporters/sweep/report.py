@@ -84,10 +84,12 @@ def summarize(records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, 
         g["pass_rate"] = round(g["pass"] / g["total"], 4) if g["total"] else 0.0
         g["failures_by_stage"] = dict(g["failures_by_stage"].most_common())
         g["failures_by_kind"] = dict(g["failures_by_kind"].most_common())
-    classes_run = sorted({r["model_class"] for r in rows})
+    classes_run = sorted({r["model_class"] for r in rows if r.get("mode") != "generation"})
+    generation_run = sorted({r["model_class"] for r in rows if r.get("mode") == "generation"})
     return {
         **meta,
         "classes_run": len(classes_run),
+        "generation_classes_run": len(generation_run),
         "jobs_recorded": len(rows),
         "groups": groups,
     }
@@ -166,6 +168,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"({summary.get('base_classes_total', '?')} base model classes, one per model type).",
         f"- Classes selected: **{summary.get('classes_selected', '?')}** ({summary.get('class_set', '?')}); "
         f"classes run: **{summary['classes_run']}**; jobs recorded: **{summary['jobs_recorded']}**.",
+        f"- Generation mode: **{summary.get('generative_classes_total', '?')}** generative classes (one per model type); "
+        f"run: **{summary.get('generation_classes_run', 0)}**.",
         f"- Versions: {', '.join(f'{k} {v}' for k, v in summary.get('versions', {}).items())}; code revision `{summary.get('revision', '?')}`.",
         f"- Command(s): {'; '.join('`' + r.get('command', '') + '`' for r in summary.get('runs', [])) or '?'}",
         "- A pass is numeric parity within the backend's tolerance on every output element, in the backend's real "
