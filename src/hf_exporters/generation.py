@@ -478,6 +478,18 @@ def build_parts(model: torch.nn.Module, inputs: Mapping[str, Any], generation_co
         return _decoder_only_parts(model, prefill_call, decode_call)
 
 
+def _decode_example(decode_call: dict[str, Any], mask: torch.Tensor, cache: list[torch.Tensor]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The decode graph's example (the token eager's decode step took, the mask one longer, the prefill's
+    cache) and the dynamic cache layout."""
+    inputs = {
+        "input_ids": decode_call["input_ids"][:, -1:].clone(),
+        "attention_mask": torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1),
+        "past_key_values": cache,
+    }
+    layout = {"kind": "dynamic", "layers": len(cache) // 2, "tensor_layout": "(batch, kv_heads, seq, head_dim); key then value per layer"}
+    return inputs, layout
+
+
 def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], decode_call: dict[str, Any]) -> dict[str, GenerationPart]:
     if "cache_params" in prefill_call or "past_key_values" not in inspect.signature(model.forward).parameters:
         raise InputError(f"{type(model).__name__}: a state-space cache (cache_params) is not supported yet; only key/value caches are")
@@ -491,12 +503,7 @@ def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], de
     cache = [t.clone() for t in out[1:]]
     if not cache:
         raise InputError(f"{type(model).__name__}: the model returned no key/value cache (state-space caches are not supported yet)")
-    decode_inputs = {
-        "input_ids": decode_call["input_ids"][:, -1:].clone(),
-        "attention_mask": torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1),
-        "past_key_values": cache,
-    }
-    layout = {"kind": "dynamic", "layers": len(cache) // 2, "tensor_layout": "(batch, kv_heads, seq, head_dim); key then value per layer"}
+    decode_inputs, layout = _decode_example(decode_call, mask, cache)
     return {
         "prefill": GenerationPart(
             "prefill",
@@ -579,12 +586,7 @@ def _multimodal_parts(model: torch.nn.Module, prefill_call: dict[str, Any], deco
     prefill_inputs = {"input_ids": ids, "attention_mask": mask, "features": features}
     out = prefill_step(**prefill_inputs)
     cache = [t.clone() for t in out[1:]]
-    decode_inputs = {
-        "input_ids": decode_call["input_ids"][:, -1:].clone(),
-        "attention_mask": torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1),
-        "past_key_values": cache,
-    }
-    layout = {"kind": "dynamic", "layers": len(cache) // 2, "tensor_layout": "(batch, kv_heads, seq, head_dim); key then value per layer"}
+    decode_inputs, layout = _decode_example(decode_call, mask, cache)
     return {
         part_name: GenerationPart(
             part_name, "encoder", encoder_step, encoder_inputs, {}, [feature_name], extra={"modality": modality, "input": key, "per_item": True}
