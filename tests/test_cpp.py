@@ -27,7 +27,7 @@ from hf_exporters.runtime.compare import eager_outputs  # noqa: E402
 
 BUILD = cpp_runner.build_dir()
 if not (BUILD / "hfx-run").is_file():
-    pytest.skip(f"the C++ runner is not built in {BUILD} (make cpp)", allow_module_level=True)
+    pytest.skip(reason=f"the C++ runner is not built in {BUILD} (make cpp)", allow_module_level=True)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ATOL = 1e-3
@@ -213,7 +213,7 @@ def test_malformed_folders_are_errors_not_crashes(llama_generation, tmp_path, ed
 def test_malformed_folders_under_address_and_undefined_behaviour_sanitizers(llama_generation, tmp_path):
     """The malformed cases again with the sanitizer build (``make cpp-asan``): an error, no sanitizer report."""
     if not (ASAN_BUILD / "hfx-run").is_file():
-        pytest.skip(f"the sanitizer build is missing ({ASAN_BUILD}; make cpp-asan)")
+        pytest.skip(reason=f"the sanitizer build is missing ({ASAN_BUILD}; make cpp-asan)")
     env = {"HFX_VERBOSE": "1", "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1", "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
     for edit, message in MALFORMED:
         broken = _broken_copy(llama_generation[1], tmp_path / edit, edit)
