@@ -10,6 +10,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from hf_exporters import known_issues  # noqa: E402
@@ -62,6 +63,34 @@ def test_tiny_models_run_eager() -> None:
         model(**inputs)
         assert sum(p.numel() for p in model.parameters()) < 2_000_000
     assert "decoder_input_ids" in build_inputs(build_model("T5Model"))
+
+
+def test_inputs_for_a_vision_tower_on_flattened_patches() -> None:
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("Qwen2_5_VisionTransformerPretrainedModel")
+    config = model.config  # spatial_merge_size 2, temporal_patch_size 2, patch_size 14, in_channels 3
+    inputs = build_inputs(model)
+    assert inputs["grid_thw"].tolist() == [[1, 4, 4]]
+    assert tuple(inputs["hidden_states"].shape) == (16, config.in_channels * config.temporal_patch_size * config.patch_size**2)
+    output = model(**inputs)
+    assert output.pooler_output.shape[0] == 16 // config.spatial_merge_size**2
+
+
+def test_inputs_for_video_and_time_series() -> None:
+    from hf_exporters.sweep.inputs import BATCH, build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    video = build_model("VideoMAEModel")
+    clip = build_inputs(video)["pixel_values"]
+    config = video.config
+    assert tuple(clip.shape) == (BATCH, config.num_frames, config.num_channels, config.image_size, config.image_size)
+    video(pixel_values=clip)
+    series = build_model("PatchTSTModel")
+    values = build_inputs(series)["past_values"]
+    assert tuple(values.shape) == (BATCH, series.config.context_length, series.config.num_input_channels)
+    series(past_values=values)
 
 
 def test_classes_come_from_the_auto_mappings() -> None:
@@ -252,3 +281,16 @@ def test_generation_rows_have_their_own_group_in_the_reports(tmp_path: Path) -> 
     assert (generation["total"], generation["fail"], generation["failures_by_stage"]) == (1, 1, {"parity": 1})
     assert "| ours | onnx | generation | 1 | 0 | 0 | 1 | 0.0% | parity 1 |" in (tmp_path / "report.md").read_text()
     assert classify("ParityError: token ids differ from eager generate() (shapes [2, 16] vs [2, 16]; first 9 positions equal)") == "token id mismatch"
+
+
+def test_a_dynamic_job_requires_batch_and_length_axes_only() -> None:
+    from hf_exporters.sweep.job import _unexpected_static, expected_dynamic_axes
+
+    ids = torch.ones(2, 8, dtype=torch.long)
+    pixels = torch.zeros(2, 3, 32, 32)
+    audio = torch.zeros(2, 3200)
+    assert expected_dynamic_axes("input_ids", ids) == {0, 1}
+    assert expected_dynamic_axes("pixel_values", pixels) == {0}
+    assert expected_dynamic_axes("input_values", audio) == {0, 1}
+    fixed = [("pixel_values", 1, 3), ("pixel_values", 2, 32), ("input_ids", 1, 8)]
+    assert _unexpected_static(fixed, {"input_ids": ids, "pixel_values": pixels}) == [("input_ids", 1, 8)]

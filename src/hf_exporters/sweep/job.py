@@ -171,9 +171,40 @@ def _exported_program(program: Any) -> Any:
     return ep if isinstance(ep, torch.export.ExportedProgram) else None
 
 
+#: inputs whose axis 1 is a length (samples, frames) besides the token-like ones
+_LENGTH_INPUTS = ("input_values",)
+
+
+def expected_dynamic_axes(name: str, tensor: Any) -> set[int]:
+    """The axes of an input a dynamic export must keep dynamic for the job to pass.
+
+    The batch axis (0) of every input, and the length axis (1) of token-like inputs (integer or
+    boolean tensors of shape ``(batch, sequence)``: ids, masks, positions) and of raw audio
+    (``input_values``, ``(batch, samples)``). Every axis is asked to be dynamic; the others (channels,
+    mel bins, image height and width, feature widths) may be fixed by the model's weights or
+    position tables, so a program that fixes them is recorded (``static_axes``) but not failed.
+    """
+    import torch
+
+    axes = {0} if tensor.dim() >= 1 else set()
+    token_like = tensor.dim() == 2 and (tensor.dtype == torch.bool or not tensor.is_floating_point())
+    if token_like or (name in _LENGTH_INPUTS and tensor.dim() >= 2):
+        axes.add(1)
+    return axes
+
+
+def _unexpected_static(fixed: list[tuple[str, int, int]], inputs: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """The ``(input, axis, size)`` entries of ``fixed`` on an axis :func:`expected_dynamic_axes` expects dynamic."""
+    from ..shapes import tensor_leaves
+
+    tensors = dict(tensor_leaves(inputs))
+    return [(n, a, s) for n, a, s in fixed if n not in tensors or a in expected_dynamic_axes(n, tensors[n])]
+
+
 def _onnx_ir_resized(model: Any, inputs: dict[str, Any], grow: int = 3) -> tuple[Any, list[str]]:
     """For an ``onnx_ir.Model`` without its ExportedProgram: the inputs with every symbolic graph-input
-    axis grown by ``grow`` (same symbol, same size), and the axes (of size >= 2) that ended static."""
+    batch or length axis (:func:`expected_dynamic_axes`) grown by ``grow`` (same symbol, same size), and the axes (of size >= 2) that ended static, as
+    ``(input name, axis, size)``."""
     from ..runtime.compare import _resize
     from ..shapes import tensor_leaves
 
@@ -182,7 +213,7 @@ def _onnx_ir_resized(model: Any, inputs: dict[str, Any], grow: int = 3) -> tuple
     graph_inputs = list(model.graph.inputs)
     names = [v.name for v in graph_inputs]
     pairs = [(n, by_name[n]) for n in names if n in by_name] if all(n in by_name for n in names) else list(zip(names, (t for _, t in leaves)))
-    fixed: list[str] = []
+    fixed: list[tuple[str, int, int]] = []
     sizes: dict[str, int] = {}
     resized = dict(inputs)
     for (name, tensor), value in zip(pairs, graph_inputs):
@@ -192,11 +223,11 @@ def _onnx_ir_resized(model: Any, inputs: dict[str, Any], grow: int = 3) -> tuple
         for axis, dim in enumerate(shape):
             if isinstance(dim, int):
                 if tensor.shape[axis] >= 2:
-                    fixed.append(f"{name}[axis {axis}] = {dim}")
+                    fixed.append((name, axis, dim))
                 continue
             old = int(tensor.shape[axis])
-            if old < 2:
-                continue
+            if old < 2 or axis not in expected_dynamic_axes(name, tensor):
+                continue  # no guards to say which sizes the model takes: only batch and length axes grow
             size = sizes.setdefault(str(dim), old + grow)
             if name in resized:
                 resized[name] = _resize(resized[name], axis, size).clone()
@@ -318,22 +349,24 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
     input_sets = [inputs]
     if dynamic and ep is not None:
         requested = auto_dynamic_shapes(inputs)
-        fixed = static_axes(ep, inputs, requested)
-        record["static_axes"] = [str(a) for a in fixed]
+        fixed = [(a.input, a.axis, a.size) for a in static_axes(ep, inputs, requested)]
+        record["static_axes"] = [f"{n}[axis {a}] = {s}" for n, a, s in fixed]
+        fixed = _unexpected_static(fixed, inputs)
         second = resized_inputs(ep, inputs)
         if second is not None:
             input_sets.append(second)
         if fixed:
-            message = "axes asked to be dynamic ended static: " + ", ".join(map(str, fixed[:4]))
+            message = "axes asked to be dynamic ended static: " + ", ".join(f"{n}[axis {a}] = {s}" for n, a, s in fixed[:4])
             raise _Failed("exporter dynamic shapes", ValueError(message), f"ValueError: {message}", None)
 
     if dynamic and ep is None and hasattr(program, "graph") and hasattr(program.graph, "inputs"):
         second, fixed = _onnx_ir_resized(program, inputs)
-        record["static_axes"] = fixed
+        record["static_axes"] = [f"{n}[axis {a}] = {s}" for n, a, s in fixed]
+        fixed = _unexpected_static(fixed, inputs)
         if second is not None:
             input_sets.append(second)
         if fixed:
-            message = "axes asked to be dynamic ended static: " + ", ".join(fixed[:4])
+            message = "axes asked to be dynamic ended static: " + ", ".join(f"{n}[axis {a}] = {s}" for n, a, s in fixed[:4])
             raise _Failed("exporter dynamic shapes", ValueError(message), f"ValueError: {message}", None)
 
     with tempfile.TemporaryDirectory(prefix="hf-sweep-") as tmp, _at("runtime"):
