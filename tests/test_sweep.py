@@ -142,6 +142,22 @@ def test_resume_skips_jobs_done_under_the_same_versions_and_revision(tmp_path: P
     assert len(runner.ResultStore(path, {"torch": "1"}, "rev1").records()) == 1
 
 
+def test_retry_reruns_jobs_whose_latest_record_ended_at_the_given_stage(tmp_path: Path) -> None:
+    store = runner.ResultStore(tmp_path / "results.jsonl", {"torch": "1"}, "rev1")
+    for key, outcome, stage in [
+        ("ours|dynamo|static|A", "fail", "tiny config"),
+        ("ours|dynamo|static|B", "timeout", "timeout"),
+        ("ours|dynamo|static|C", "fail", "runtime"),
+        ("ours|dynamo|static|D", "fail", "eager"),
+        ("ours|dynamo|static|D", "pass", None),  # the latest record of a key decides
+    ]:
+        store.append({"key": key, "outcome": outcome, "stage": stage, "versions": {"torch": "1"}, "revision": "rev1"})
+    keys = {"ours|dynamo|static|" + c for c in "ABCD"}
+    assert store.done() == keys
+    assert store.done(retry=["tiny config", "eager"]) == keys - {"ours|dynamo|static|A"}
+    assert store.done(retry=["timeout"]) == keys - {"ours|dynamo|static|B"}
+
+
 # ── Classification ───────────────────────────────────────────────────────────
 
 

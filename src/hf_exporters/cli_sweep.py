@@ -43,6 +43,11 @@ def sweep(
     update_baseline: bool = typer.Option(False, "--update-baseline", help="With --smoke: write the baseline from this run."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Skip jobs already recorded under the same versions and code revision."),
     any_revision: bool = typer.Option(False, "--resume-any-revision", help="Resume past jobs recorded under another code revision (same versions); the summary lists every revision."),
+    retry: Optional[str] = typer.Option(
+        None, "--retry",
+        help="Comma-separated stages or outcomes whose recorded jobs run again: 'setup' (tiny config, inputs, eager: "
+        "after a change to the sweep's own setup), a stage name, timeout, crash, oom.",
+    ),
     report_only: bool = typer.Option(False, "--report-only", help="Only regenerate the reports from results.jsonl."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
     runtime: str = typer.Option("python", "--runtime", help="ExecuTorch jobs: python (executorch.runtime) | cpp (the C++ runner, make cpp); recorded as its own jobs."),
@@ -106,7 +111,10 @@ def sweep(
     if runtime == "cpp":
         for s in specs:
             s["runtime"] = "cpp"
-    done = store.done(any_revision) if resume else set()
+    retry_stages = {t.strip() for t in (retry or "").split(",") if t.strip()}
+    if "setup" in retry_stages:
+        retry_stages |= set(runner.CLASS_STAGES)
+    done = store.done(any_revision, retry_stages) if resume else set()
     pending = [s for s in specs if runner.job_key(s) not in done]
     command = "hf-exporters sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "sweep")
     typer.echo(
@@ -125,7 +133,7 @@ def sweep(
                 "options": {"backend": backends, "engine": engines, "shapes": shapes, "classes": classes, "only": only,
                             "shard": shard, "jobs": jobs, "timeout": timeout, "memory_gb": memory_gb, "ray": ray,
                             "recheck_skips": recheck_skips, "smoke": smoke, "resume": resume,
-                            "resume_any_revision": any_revision, "runtime": runtime},
+                            "resume_any_revision": any_revision, "runtime": runtime, "retry": retry},
             }) + "\n")
         records = runner.run_jobs(
             pending, store, jobs=jobs, timeout=timeout, memory_gb=memory_gb, ray_address=ray, progress=progress,

@@ -109,12 +109,20 @@ class ResultStore:
                 continue
         return out
 
-    def done(self, any_revision: bool = False) -> set[str]:
-        """Keys of jobs recorded under the current versions and revision (any revision with ``any_revision``)."""
+    def done(self, any_revision: bool = False, retry: Iterable[str] = ()) -> set[str]:
+        """Keys of jobs recorded under the current versions and revision (any revision with ``any_revision``).
+
+        ``retry``: stages (``tiny config``, ``exporter trace ...``) or outcomes (``timeout``, ``crash``,
+        ``oom``) whose jobs count as not done when their latest record ended there, so a rerun repeats them.
+        """
+        retry = set(retry)
+        latest: dict[str, dict[str, Any]] = {}
+        for r in self.records():
+            if r.get("versions") == self.versions and (any_revision or r.get("revision") == self.revision):
+                latest[r["key"]] = r
         return {
-            r["key"]
-            for r in self.records()
-            if r.get("versions") == self.versions and (any_revision or r.get("revision") == self.revision)
+            key for key, r in latest.items()
+            if not (r.get("outcome") != "pass" and (r.get("stage") in retry or r.get("outcome") in retry))
         }
 
     def append(self, record: dict[str, Any]) -> None:
