@@ -47,6 +47,28 @@ def test_tiny_config_shrinks_sub_configs_and_images() -> None:
     assert config.vision_config.image_size < transformers.CLIPVisionConfig().image_size
 
 
+def test_tiny_config_keeps_widths_related_across_sub_configs() -> None:
+    # SAM: the vision neck's output channels (256) feed the mask decoder (hidden 256); the positional
+    # features are half of that width; the prompt encoder's grid follows its image size
+    sam = tiny.tiny_config(transformers.SamConfig)
+    assert sam.vision_config.output_channels == sam.mask_decoder_config.hidden_size == tiny.WIDTH
+    assert sam.vision_config.num_pos_feats == tiny.WIDTH // 2
+    prompt = sam.prompt_encoder_config
+    assert prompt.image_embedding_size == prompt.image_size // prompt.patch_size == 2
+    # D-FINE: the encoder's input channels are the backbone's stage widths, scaled by the same factor
+    dfine = tiny.tiny_config(transformers.DFineConfig)
+    backbone = dfine.backbone_config
+    assert backbone.hidden_sizes == [16, 32, 64, 128] and backbone.stage_out_channels[1:] == [32, 64, 128]
+    assert backbone.stage_in_channels[1:] == backbone.stage_out_channels[:3]  # each stage feeds the next
+    assert dfine.encoder_in_channels == [32, 64, 128]
+    # SAM2: per-stage widths follow the hidden size; the channel list and feature-map sides follow
+    sam2 = tiny.tiny_config(transformers.Sam2Config)
+    assert sam2.vision_config.backbone_config.embed_dim_per_stage == [64, 128, 256, 512]
+    assert sam2.vision_config.backbone_channel_list == [512, 256, 128, 64]
+    assert sam2.vision_config.backbone_feature_sizes == [[16, 16], [8, 8], [4, 4]]
+    assert sam2.prompt_encoder_config.image_size == sam2.vision_config.backbone_config.image_size[0] == 64
+
+
 def test_tiny_config_family_override_is_applied_with_a_reason() -> None:
     config = tiny.tiny_config(transformers.WhisperConfig)
     assert config.max_source_positions == tiny.FAMILY_OVERRIDES["whisper"][0]["max_source_positions"]

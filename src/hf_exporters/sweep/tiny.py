@@ -4,6 +4,8 @@ The defaults of a config class describe a full-size checkpoint. :func:`tiny_conf
 depths, head counts (keeping divisibility and the query/key-value head ratio), vocabularies, expert
 counts, image and audio sizes, in the config and in every sub-config (text, vision, audio, backbone),
 and keeps the fields that select a code path (attention kind, rope scaling, layer types, experts).
+:func:`keep_width_relations` then carries each changed width and image side over to the fields that
+held the same value anywhere in the config tree (projection sizes, channel lists, feature-map sides).
 
 Where the generic rule cannot serve a family, :data:`FAMILY_OVERRIDES` sets fields by hand; each
 entry says why.
@@ -68,6 +70,15 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "qwen2_5_vl": (
         {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}},
         "mrope_section must sum to head_dim / 2 (8 with the tiny head_dim of 16)",
+    ),
+    "layoutlmv3": (
+        {"coordinate_size": 12, "shape_size": 8, "input_size": 64},
+        "the four coordinate and two shape embeddings are concatenated to the hidden size (4 * 12 + 2 * 8 = 64);"
+        " input_size is the image side, which no generic rule knows by that name",
+    ),
+    "lilt": (
+        {"hidden_size": 48},
+        "the six layout embeddings of hidden_size // 6 each are concatenated back to the hidden size: it must divide by 6",
     ),
     "deberta-v2": (
         {"position_buckets": 16},
@@ -202,7 +213,178 @@ def shrink(fields: dict[str, Any]) -> dict[str, Any]:
                 new_kv -= 1
             d[key] = new_kv
     # an explicit head_dim smaller than WIDTH/HEADS stays; a missing one follows from the width
+    _shrink_query_counts(d)
     return d
+
+
+def _shrink_query_counts(d: dict[str, Any]) -> None:
+    """Object queries are picked by top-k among the tiny image's few feature positions: keep them fewer."""
+    for key in ("num_queries", "num_select"):
+        if isinstance(d.get(key), int) and not isinstance(d[key], bool) and d[key] > 16:
+            d[key] = 16
+
+
+# --- widths that must keep their relation to other widths -----------------------------------------
+#: name parts of fields that hold a width (a channel count, an embedding or projection size)
+_RELATED_PARTS = ("hidden", "dim", "channel", "width", "projection", "embed", "size")
+#: name parts of fields that hold something else (spatial sizes, vocabularies, counts of things)
+_UNRELATED_PARTS = (
+    "image", "patch", "kernel", "window", "vocab", "position", "chunk", "bucket", "num_channels",
+    "batch", "stride", "feature_size", "sample", "hop", "fft", "frame", "max_", "head", "layer", "group",
+    "codebook", "expert", "rank", "seq", "length", "pad", "scale", "ratio", "input_channels", "in_chans",
+)
+
+
+def _is_width_field(key: str) -> bool:
+    lower = key.lower()
+    return any(p in lower for p in _RELATED_PARTS) and not any(p in lower for p in _UNRELATED_PARTS)
+
+
+def _width_changes(original: dict[str, Any], shrunk: dict[str, Any], scalars: dict[int, int], lists: dict[int, int]) -> None:
+    """Collects, over the whole config tree, each width the generic rule changed: old value -> new value."""
+    for key, old in original.items():
+        new = shrunk.get(key)
+        if _is_subconfig(old) and isinstance(new, dict):
+            _width_changes(old, new, scalars, lists)
+        elif isinstance(old, int) and not isinstance(old, bool) and isinstance(new, int) and new != old:
+            if key in _WIDTH_KEYS or key in _FFN_KEYS:
+                scalars.setdefault(old, new)
+        elif isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and old != new:
+            if all(isinstance(v, int) and not isinstance(v, bool) for v in old + new) and _is_width_field(key):
+                for o, n in zip(old, new):
+                    lists.setdefault(o, n)
+
+
+def _scaled(value: int, factor: float) -> int:
+    return value if value <= 4 else max(4, int(round(value * factor)))
+
+
+def _follow_widths(original: dict[str, Any], shrunk: dict[str, Any], scalars: dict[int, int], lists: dict[int, int]) -> None:
+    """Fields the generic rule left alone that hold a width it changed elsewhere follow that change."""
+    for key, old in original.items():
+        new = shrunk.get(key)
+        if _is_subconfig(old) and isinstance(new, dict):
+            _follow_widths(old, new, scalars, lists)
+            continue
+        if new != old or isinstance(old, bool):
+            continue
+        if key.endswith("pos_feats") and isinstance(old, int) and 2 * old in scalars:  # half a width
+            shrunk[key] = scalars[2 * old] // 2
+        elif not _is_width_field(key):
+            continue
+        elif isinstance(old, int) and old > WIDTH and old in scalars:
+            shrunk[key] = scalars[old]
+        elif isinstance(old, int) and old in lists and (old > WIDTH or "channel" in key):
+            shrunk[key] = lists[old]
+        elif isinstance(old, list) and old and all(isinstance(v, int) and not isinstance(v, bool) for v in old) and max(old) > 8:
+            if all(v in scalars for v in old):
+                shrunk[key] = [scalars[v] for v in old]
+                continue
+            known = next((v for v in old if v in lists or v in scalars), None)
+            if known is not None:
+                factor = lists.get(known, scalars.get(known)) / known
+            elif lists:  # a list of the same kind as the changed lists: their factor
+                first = next(iter(lists))
+                factor = lists[first] / first
+            else:
+                continue
+            shrunk[key] = [lists.get(v, scalars.get(v, _scaled(v, factor))) for v in old]
+            for o, n in zip(old, shrunk[key]):
+                lists.setdefault(o, n)
+
+
+def keep_width_relations(original: dict[str, Any], shrunk: dict[str, Any]) -> dict[str, Any]:
+    """``shrunk`` (the generic rule applied to ``original``, a config's ``to_dict()``) with the widths it
+    changed carried over to the fields that hold the same width, anywhere in the config tree: a
+    projection size equal to a hidden size, a sub-config's input width equal to another's output width,
+    a per-stage list of channels holding the stage widths. A list with some entries among the changed
+    widths is scaled by the same factor."""
+    scalars: dict[int, int] = {}
+    lists: dict[int, int] = {}
+    _width_changes(original, shrunk, scalars, lists)
+    result = copy.deepcopy(shrunk)
+    _keep_spelled_depths(original, result)
+    for _ in range(2):  # the second pass sees the lists the first one scaled
+        _follow_widths(original, result, scalars, lists)
+    sides: dict[int, int] = {}
+    patches: dict[int, int] = {}
+    _image_changes(original, result, sides, patches)
+    if sides:
+        _same_image_size(original, result, sides)
+        old_side, new_side = next(iter(sides.items()))
+        patch = patches.get(old_side, 1)
+        _follow_image_size(original, result, old_side // patch, new_side // patch)
+    return result
+
+
+def _keep_spelled_depths(original: dict[str, Any], shrunk: dict[str, Any]) -> None:
+    """``depths`` stays where another per-stage list spells out each stage's blocks (one entry per
+    block): the model reads the blocks from that list, so a shorter depth would not match it."""
+    for key, old in original.items():
+        if _is_subconfig(old) and isinstance(shrunk.get(key), dict):
+            _keep_spelled_depths(old, shrunk[key])
+    depths = original.get("depths")
+    if not (isinstance(depths, list) and depths and all(isinstance(v, int) for v in depths)):
+        return
+    for key, value in original.items():
+        if key != "depths" and isinstance(value, list) and len(value) == len(depths) and all(isinstance(v, list) for v in value):
+            if [len(v) for v in value] == depths:
+                shrunk["depths"] = list(depths)
+                return
+
+
+def _side(value: Any) -> int | None:
+    if isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _image_changes(original: dict[str, Any], shrunk: dict[str, Any], sides: dict[int, int], patches: dict[int, int]) -> None:
+    """Collects each image side the generic rule changed (old -> largest new) and the patch size that
+    divides it into a grid."""
+    for key, old in original.items():
+        new = shrunk.get(key)
+        if _is_subconfig(old) and isinstance(new, dict):
+            _image_changes(old, new, sides, patches)
+        elif key == "image_size" and _side(old) and _side(new) and _side(old) != _side(new):
+            sides[_side(old)] = max(sides.get(_side(old), 0), _side(new))
+            patch = _side(original.get("patch_size"))
+            if patch:
+                patches.setdefault(_side(old), patch)
+
+
+def _same_image_size(original: dict[str, Any], shrunk: dict[str, Any], sides: dict[int, int]) -> None:
+    """Sub-configs that saw the same image keep seeing one image: the largest of their tiny sizes."""
+    for key, old in original.items():
+        new = shrunk.get(key)
+        if _is_subconfig(old) and isinstance(new, dict):
+            _same_image_size(old, new, sides)
+        elif key == "image_size" and _side(old) in sides and _side(new) != sides[_side(old)]:
+            side = sides[_side(old)]
+            shrunk[key] = [side] * len(new) if isinstance(new, (list, tuple)) else side
+
+
+def _follow_image_size(original: dict[str, Any], shrunk: dict[str, Any], old_side: int, new_side: int) -> None:
+    """Grid sizes (feature-map sides, the image embedding side) derived from the image size follow it:
+    a side that was k times the image side (or its patch grid) becomes k times the new one."""
+
+    def follow(value: Any) -> Any:
+        if isinstance(value, list):
+            return [follow(v) for v in value]
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 8 * old_side:
+            return max(1, round(new_side * value / old_side))
+        return value
+
+    patch = _side(shrunk.get("patch_size"))
+    for key, old in original.items():
+        new = shrunk.get(key)
+        if _is_subconfig(old) and isinstance(new, dict):
+            _follow_image_size(old, new, old_side, new_side)
+        elif new == old and ("feature_sizes" in key or key == "image_embedding_size"):
+            if key == "image_embedding_size" and patch and _side(shrunk.get("image_size")):
+                shrunk[key] = _side(shrunk["image_size"]) // patch
+            else:
+                shrunk[key] = follow(old)
 
 
 def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> Any:
@@ -213,7 +395,7 @@ def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> 
         Exception: whatever the config class raises on its defaults or on the shrunk fields.
     """
     default = config_class()
-    fields = shrink(default.to_dict())
+    fields = keep_width_relations(default.to_dict(), shrink(default.to_dict()))
     model_type = getattr(config_class, "model_type", "")
     if model_type in FAMILY_OVERRIDES:
         fields.update(copy.deepcopy(FAMILY_OVERRIDES[model_type][0]))
