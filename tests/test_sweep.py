@@ -69,6 +69,28 @@ def test_tiny_config_keeps_widths_related_across_sub_configs() -> None:
     assert sam2.prompt_encoder_config.image_size == sam2.vision_config.backbone_config.image_size[0] == 64
 
 
+def test_tiny_config_scales_mrope_sections_to_the_rotary_half_of_the_head() -> None:
+    # the text config leaves mrope_section to the model's code default: it gets one, summing to head_dim / 2
+    config = tiny.tiny_config(transformers.Qwen2VLConfig).text_config
+    head_dim = config.hidden_size // config.num_attention_heads
+    assert config.rope_parameters["mrope_section"] == [2, 3, 3] and sum(config.rope_parameters["mrope_section"]) == head_dim // 2
+    # partial rotary: the sections cover head_dim * partial_rotary_factor / 2
+    config = tiny.tiny_config(transformers.Glm4vMoeConfig).text_config
+    rotary = int(config.hidden_size // config.num_attention_heads * config.rope_parameters["partial_rotary_factor"])
+    assert len(config.rope_parameters["mrope_section"]) == 3 and sum(config.rope_parameters["mrope_section"]) == rotary // 2
+
+
+def test_tiny_config_keeps_derived_head_widths_and_stage_lists_consistent() -> None:
+    xlnet = tiny.tiny_config(transformers.XLNetConfig)  # d_head is checked against d_model // n_head
+    assert xlnet.d_head == xlnet.d_model // xlnet.n_head == tiny.WIDTH // tiny.HEADS
+    gptj = tiny.tiny_config(transformers.GPTJConfig)  # rotary part: 64 of a 256-wide head -> 4 of 16
+    assert gptj.rotary_dim == 4 and gptj.rotary_dim <= gptj.n_embd // gptj.n_head
+    swin = tiny.tiny_config(transformers.SwinConfig)  # per-stage lists keep one entry per stage
+    assert len(swin.depths) == len(swin.num_heads) == len(transformers.SwinConfig().depths) and set(swin.depths) == {1}
+    mimi = tiny.tiny_config(transformers.MimiConfig)  # a width another module must match follows the width
+    assert mimi.hidden_size == mimi.upsample_groups == tiny.WIDTH
+
+
 def test_tiny_config_family_override_is_applied_with_a_reason() -> None:
     config = tiny.tiny_config(transformers.WhisperConfig)
     assert config.max_source_positions == tiny.FAMILY_OVERRIDES["whisper"][0]["max_source_positions"]

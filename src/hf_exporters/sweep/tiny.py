@@ -6,6 +6,11 @@ counts, image and audio sizes, in the config and in every sub-config (text, visi
 and keeps the fields that select a code path (attention kind, rope scaling, layer types, experts).
 :func:`keep_width_relations` then carries each changed width and image side over to the fields that
 held the same value anywhere in the config tree (projection sizes, channel lists, feature-map sides).
+Fields derived from those follow them: a field named as a width that held one of the config's widths
+becomes the new width, lists of parts of the width keep summing to it, per-stage lists keep one entry per
+stage, ``d_head`` and the rotary width (``rotary_dim``, multimodal ``mrope_section``) follow the new head
+width, adapter feature-layer indices stay inside the shrunk tower, and counts the defaults leave unset
+(vocabulary, experts of a mixture, prediction length) get tiny values.
 
 Where the generic rule cannot serve a family, :data:`FAMILY_OVERRIDES` sets fields by hand; each
 entry says why.
@@ -32,7 +37,7 @@ _WIDTH_KEYS = {
     "hidden_size", "d_model", "n_embd", "n_embed", "embed_dim", "dim", "d_embed", "model_dim",
     "word_embed_proj_dim", "embedding_size", "projection_dim", "encoder_hidden_size", "text_embed_dim",
     "vision_embed_dim", "hidden_dim_size", "proj_dim", "output_hidden_size", "classifier_proj_size",
-    "d_inner_embed", "projection_hidden_size", "text_hidden_size", "vision_hidden_size",
+    "d_inner_embed", "projection_hidden_size", "text_hidden_size", "vision_hidden_size", "emb_dim", "d_latents",
 }
 _FFN_KEYS = {
     "intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner", "d_ff", "hidden_dim",
@@ -50,7 +55,7 @@ _HEAD_KEYS = {
     "decoder_num_attention_heads", "num_decoder_attention_heads", "encoder_num_attention_heads",
 }
 _KV_HEAD_KEYS = {"num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "decoder_num_key_value_heads"}
-_VOCAB_KEYS = {"vocab_size", "text_vocab_size", "decoder_vocab_size", "target_vocab_size", "src_vocab_size", "tgt_vocab_size"}
+_VOCAB_KEYS = {"vocab_size", "text_vocab_size", "decoder_vocab_size", "target_vocab_size", "src_vocab_size", "tgt_vocab_size", "n_words"}
 _POSITION_KEYS = {"max_position_embeddings", "n_positions", "max_target_positions", "n_ctx", "max_seq_len", "max_sequence_length"}
 _EXPERT_KEYS = {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts"}
 _TOPK_KEYS = {"num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k"}
@@ -63,13 +68,17 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         {"max_source_positions": 32},
         "the encoder requires exactly 2 * max_source_positions input frames; 32 keeps the inputs small",
     ),
-    "qwen2_vl": (
-        {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}},
-        "mrope_section must sum to head_dim / 2 (8 with the tiny head_dim of 16)",
+    "paddleocr_vl_text": (
+        {"rope_parameters": {"mrope_section": [2, 3, 3]}},
+        "the model reads mrope_section with a full-size code default and the config class does not declare it",
     ),
-    "qwen2_5_vl": (
-        {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}},
-        "mrope_section must sum to head_dim / 2 (8 with the tiny head_dim of 16)",
+    "ernie4_5_vl_moe_text": (
+        {"rope_parameters": {"mrope_section": [3, 3, 2]}},
+        "the height and width sections must be equal (their frequencies interleave), which the 2:3:3 split is not",
+    ),
+    "fun_asr_nano": (
+        {"adaptor_config": {"intermediate_size": WIDTH // 4}},
+        "the config checks the adaptor's intermediate_size against text hidden_size // 4",
     ),
     "layoutlmv3": (
         {"coordinate_size": 12, "shape_size": 8, "input_size": 64},
@@ -87,6 +96,13 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
+_NAMED = _WIDTH_KEYS | _FFN_KEYS | _SMALL_FFN_KEYS | _LAYER_KEYS | _HEAD_KEYS | _KV_HEAD_KEYS | _VOCAB_KEYS | _POSITION_KEYS | set(_MLA)
+
+#: the split of the multimodal rotary sections (temporal, height, width) a config gets when its class
+#: leaves ``mrope_section`` to the model's code default
+_MROPE_RATIO = [2, 3, 3]
+
+
 def _is_subconfig(value: Any) -> bool:
     return isinstance(value, dict) and "model_type" in value
 
@@ -95,6 +111,72 @@ def _scale_list(values: list[Any], target_first: int) -> list[Any]:
     """A list of widths scaled so its first entry is ``target_first``, keeping the ratios between entries."""
     first = values[0] or 1
     return [max(1, int(round(v * target_first / first))) for v in values]
+
+
+def _merge(fields: dict[str, Any], changes: dict[str, Any]) -> None:
+    """``changes`` set into ``fields``, dictionaries (sub-configs, rope parameters) merged key by key."""
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(fields.get(key), dict):
+            _merge(fields[key], value)
+        else:
+            fields[key] = copy.deepcopy(value)
+
+
+def _split(values: list[int], total: int) -> list[int]:
+    """``values`` scaled to positive integers that sum to ``total``, keeping their ratios as far as rounding allows."""
+    whole = sum(values) or 1
+    exact = [v * total / whole for v in values]
+    parts = [max(1, int(x)) for x in exact]
+    by_remainder = sorted(range(len(values)), key=lambda i: parts[i] - exact[i])
+    i = 0
+    while sum(parts) != total:
+        j = by_remainder[i % len(parts)]
+        if sum(parts) < total:
+            parts[j] += 1
+        elif parts[j] > 1:
+            parts[j] -= 1
+        i += 1
+    return parts
+
+
+def _old_widths(fields: dict[str, Any]) -> set[int]:
+    """Every value a width field has anywhere in the config (sub-configs included), before shrinking."""
+    found: set[int] = set()
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            found |= _old_widths(value)
+        elif key in _WIDTH_KEYS and isinstance(value, int) and not isinstance(value, bool) and value > WIDTH:
+            found.add(value)
+    return found
+
+
+def _follows_width(key: str) -> bool:
+    """Whether a field not named in the tables is, by its name, a width another module must match."""
+    if key in _NAMED or key.startswith(("num_", "n_")):
+        return False
+    if any(part in key for part in ("head", "rope", "lora", "vocab", "window", "patch", "kernel", "codebook_size", "feature_size")):
+        return False
+    return "hidden" in key or key.endswith(("_dim", "_input_size", "_groups"))
+
+
+def _reads_mrope_default(model_type: Any) -> bool:
+    """Whether the config class of ``model_type`` takes a ``mrope_section`` its model reads with a code default."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        config_class = CONFIG_MAPPING[model_type]
+    except (KeyError, TypeError):
+        return False
+    return "mrope_section" in getattr(config_class, "ignore_keys_at_rope_validation", ())
+
+
+def _clamp_layers(value: int | list[int]) -> int | list[int]:
+    """Indices of tower layers (feature layers taken by an adapter) valid for a tower of :data:`LAYERS`
+    layers, keeping their order; negative ones count from the end."""
+    values = [value] if isinstance(value, int) else list(value)
+    ranks = {v: i for i, v in enumerate(sorted(v for v in values if v >= 0))}
+    out = [min(ranks[v], LAYERS - 1) if v >= 0 else max(v, -LAYERS) for v in values]
+    return out[0] if isinstance(value, int) else out
 
 
 def _layer_selection(layer_types: list[Any]) -> list[int]:
@@ -114,11 +196,21 @@ def _layer_selection(layer_types: list[Any]) -> list[int]:
     return sorted(chosen)
 
 
-def shrink(fields: dict[str, Any]) -> dict[str, Any]:
-    """The generic rule on one level of a config's ``to_dict()`` (sub-configs recursively)."""
+def shrink(fields: dict[str, Any], widths: set[int] | None = None) -> dict[str, Any]:
+    """The generic rule on one level of a config's ``to_dict()`` (sub-configs recursively).
+
+    ``widths``: the widths of the whole config before shrinking (default: those of ``fields``); a field
+    that by its name is a width and held one of them follows the width (it must match that module).
+    """
     d = copy.deepcopy(fields)
+    widths = _old_widths(fields) if widths is None else widths
     old_heads = next((d[k] for k in _HEAD_KEYS if isinstance(d.get(k), int) and d[k] > 0), None)
     old_layers = next((d[k] for k in _LAYER_KEYS if isinstance(d.get(k), int) and d[k] > 0), None)
+    old_width = next((d[k] for k in ("hidden_size", "d_model", "n_embd") if isinstance(d.get(k), int) and d[k] > 0), None)
+    old_width = old_width or 0
+    old_head_dim = d["head_dim"] if isinstance(d.get("head_dim"), int) else (old_width // old_heads if old_width and old_heads else None)
+    if isinstance(d.get("depths"), list) and len(d["depths"]) == old_layers:
+        old_layers = None  # the layer count is the stage count: per-stage lists keep their length, depths shrink
 
     # layers: keep one layer of each kind in layer_types (and per-layer lists in step)
     selection: list[int] | None = None
@@ -140,7 +232,9 @@ def shrink(fields: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, bool) or value is None:
             continue
         if _is_subconfig(value):
-            d[key] = shrink(value)
+            d[key] = shrink(value, widths)
+            if value.get("model_type") in FAMILY_OVERRIDES:
+                _merge(d[key], FAMILY_OVERRIDES[value["model_type"]][0])
         elif key in _WIDTH_KEYS and isinstance(value, int) and value > WIDTH:
             d[key] = WIDTH
         elif key in _FFN_KEYS and isinstance(value, int) and value > FFN:
@@ -159,7 +253,7 @@ def shrink(fields: dict[str, Any]) -> dict[str, Any]:
             d[key] = EXPERTS
         elif key in _TOPK_KEYS and isinstance(value, int) and value > 2:
             d[key] = 2
-        elif key in _MLA and isinstance(value, int):
+        elif key in _MLA and isinstance(value, int) and value > 0:  # a zero dim selects a path (no rotary part)
             d[key] = _MLA[key]
         elif key == "head_dim" and isinstance(value, int) and value > HEAD_DIM:
             d[key] = HEAD_DIM
@@ -183,6 +277,17 @@ def shrink(fields: dict[str, Any]) -> dict[str, Any]:
             d[key] = 16
         elif key.endswith(("_token_id", "_token_index")) and isinstance(value, int) and value >= VOCAB:
             d[key] = VOCAB - 1 - (value % 32)
+        elif key.endswith(("vocab_size", "_vocab")) or key.startswith("vocab_size"):
+            if isinstance(value, int) and value > VOCAB:
+                d[key] = VOCAB
+        elif isinstance(value, int) and value in widths and _follows_width(key):
+            d[key] = WIDTH
+        elif isinstance(value, (list, tuple)) and len(value) > 1 and all(isinstance(v, int) and not isinstance(v, bool) for v in value) and sum(value) == old_width and old_width > WIDTH:
+            d[key] = _split(list(value), WIDTH)  # parts of the width (axial embeddings) keep summing to it
+        elif key.endswith(("_features", "_channels")) and isinstance(value, list) and value and all(isinstance(v, int) for v in value) and value[-1] == old_width and old_width > WIDTH:
+            d[key] = _scale_list(value[::-1], WIDTH)[::-1]  # stage widths ending at the model width end at the new one
+        elif "feature_layer" in key and (isinstance(value, int) or (isinstance(value, list) and all(isinstance(v, int) for v in value))):
+            d[key] = _clamp_layers(value)
 
     # fields derived from the depth: regenerated by the config class from the new depth
     if selection is not None and old_layers and len(selection) != old_layers:
@@ -199,9 +304,35 @@ def shrink(fields: dict[str, Any]) -> dict[str, Any]:
     if width and isinstance(d.get("mamba_expand"), int) and isinstance(d.get("mamba_n_heads"), int):
         d["mamba_n_heads"] = HEADS
         d["mamba_d_head"] = width * d["mamba_expand"] // HEADS
+    if width and isinstance(d.get("mamba_d_ssm"), int) and isinstance(d.get("mamba_expand"), int):
+        d["mamba_d_ssm"] = width * d["mamba_expand"]  # the config checks heads * head width against it
     if isinstance(d.get("mamba_d_state"), int) and d["mamba_d_state"] > 16:
         d["mamba_d_state"] = 16
 
+    # stage widths attended over by num_attention_heads heads stay divisible by it
+    if isinstance(d.get("hidden_sizes"), list) and isinstance(d.get("num_attention_heads"), int) and d["num_attention_heads"] > 0:
+        n = d["num_attention_heads"]
+        d["hidden_sizes"] = [max(n, -(-v // n) * n) if isinstance(v, int) else v for v in d["hidden_sizes"]]
+    # group normalisation over stage widths that shrank below the group count
+    if isinstance(d.get("num_groups"), int) and isinstance(d.get("hidden_sizes"), list) and d.get("hidden_sizes") != fields.get("hidden_sizes"):
+        d["num_groups"] = 1
+    # square windows over the (smaller) image: the config checks image_size / num_windows against the window side
+    if isinstance(d.get("num_windows"), int) and d["num_windows"] > 4:
+        d["num_windows"] = 4
+    # grouped routing: the (fewer) experts still split into n_group groups, of which topk_group are kept
+    if isinstance(d.get("n_group"), int) and d["n_group"] > 2:
+        d["n_group"] = 2
+        if isinstance(d.get("topk_group"), int):
+            d["topk_group"] = min(d["topk_group"], 1)
+    # fields the defaults leave unset that the model needs
+    if "vocab_size" in d and d["vocab_size"] is None:
+        d["vocab_size"] = VOCAB
+    if "prediction_length" in d and d["prediction_length"] is None:
+        d["prediction_length"] = 4
+    if any(isinstance(d.get(k), int) for k in _SMALL_FFN_KEYS):
+        for key in _EXPERT_KEYS:
+            if key in d and d[key] is None:
+                d[key] = EXPERTS
     # query / key-value head ratio
     new_heads = next((d[k] for k in _HEAD_KEYS if isinstance(d.get(k), int) and d[k] > 0), None)
     for key in _KV_HEAD_KEYS:
@@ -213,6 +344,25 @@ def shrink(fields: dict[str, Any]) -> dict[str, Any]:
                 new_kv -= 1
             d[key] = new_kv
     # an explicit head_dim smaller than WIDTH/HEADS stays; a missing one follows from the width
+    new_width = next((d[k] for k in ("hidden_size", "d_model", "n_embd") if isinstance(d.get(k), int) and d[k] > 0), None)
+    if isinstance(d.get("d_head"), int) and new_width and new_heads:
+        d["d_head"] = new_width // new_heads  # the config checks d_head == d_model // n_head
+    # multi-head latent attention: a head_dim equal to the rotary part of the query/key heads follows it
+    if isinstance(d.get("qk_rope_head_dim"), int) and isinstance(d.get("head_dim"), int) and fields.get("head_dim") == fields.get("qk_rope_head_dim"):
+        d["head_dim"] = d["qk_rope_head_dim"]
+    head_dim = d["head_dim"] if isinstance(d.get("head_dim"), int) else (new_width // new_heads if new_width and new_heads else None)
+    # a rotary part narrower than the head keeps its share of the (smaller) head, an even width
+    if isinstance(d.get("rotary_dim"), int) and d["rotary_dim"] > 0 and old_head_dim and head_dim:
+        d["rotary_dim"] = max(2, 2 * round(d["rotary_dim"] * head_dim / old_head_dim / 2))
+    # multimodal rotary sections: (temporal, height, width) split of the rotary half of the head
+    rope = d.get("rope_parameters")
+    if isinstance(rope, dict) and head_dim and "rope_type" in rope:
+        section = rope.get("mrope_section")
+        if section is None and _reads_mrope_default(d.get("model_type")):
+            section = _MROPE_RATIO
+        if isinstance(section, list) and section and all(isinstance(v, int) for v in section):
+            factor = rope.get("partial_rotary_factor") or d.get("partial_rotary_factor") or 1.0
+            rope["mrope_section"] = _split(section, int(head_dim * factor) // 2)
     _shrink_query_counts(d)
     return d
 
@@ -398,7 +548,7 @@ def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> 
     fields = keep_width_relations(default.to_dict(), shrink(default.to_dict()))
     model_type = getattr(config_class, "model_type", "")
     if model_type in FAMILY_OVERRIDES:
-        fields.update(copy.deepcopy(FAMILY_OVERRIDES[model_type][0]))
+        _merge(fields, FAMILY_OVERRIDES[model_type][0])
     if overrides:
         fields.update(overrides)
     for key in ("transformers_version", "architectures", "_name_or_path", "model_type", "id2label", "label2id"):
