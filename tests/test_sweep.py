@@ -354,3 +354,8 @@ def test_a_dynamic_job_requires_batch_and_length_axes_only() -> None:
     assert expected_dynamic_axes("input_values", audio) == {0, 1}
     fixed = [("pixel_values", 1, 3), ("pixel_values", 2, 32), ("input_ids", 1, 8)]
     assert _unexpected_static(fixed, {"input_ids": ids, "pixel_values": pixels}) == [("input_ids", 1, 8)]
+
+
+def test_zygotes_preload_executorch_only_for_runs_with_executorch_jobs() -> None:
+    assert runner.preload_for([{"backend": "dynamo"}, {"backend": "onnx"}]) == ()
+    assert "executorch.exir" in runner.preload_for([{"backend": "onnx"}, {"backend": "executorch"}])

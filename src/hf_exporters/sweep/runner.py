@@ -40,6 +40,15 @@ _HEAVY_MODULES = (
     "onnxruntime",
     "onnx_ir",
 )
+#: imported by the zygote too when a run has ExecuTorch jobs (each fork then starts with them loaded)
+_EXECUTORCH_MODULES = (
+    "hf_exporters.exporters.executorch",
+    "executorch.exir",
+    "executorch.backends.xnnpack.partition.xnnpack_partitioner",
+    "executorch.runtime",
+)
+#: environment variable naming the extra modules a zygote imports (comma-separated)
+PRELOAD_ENV = "HF_EXPORTERS_SWEEP_PRELOAD"
 
 
 # ── Identity of a run: versions and code revision ───────────────────────────
@@ -250,7 +259,8 @@ def zygote_main() -> None:
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    for module in _HEAVY_MODULES:
+    extra = tuple(m for m in os.environ.get(PRELOAD_ENV, "").split(",") if m)
+    for module in _HEAVY_MODULES + extra:
         # a missing optional backend fails in its jobs, with its message
         with contextlib.suppress(Exception):
             importlib.import_module(module)
@@ -273,12 +283,14 @@ def zygote_main() -> None:
 class Zygote:
     """A zygote process and the pipe to it; restarted when it dies."""
 
-    def __init__(self, log: Path | None = None):
+    def __init__(self, log: Path | None = None, preload: tuple[str, ...] = ()):
         self.log = log
+        self.preload = preload
         self.process: subprocess.Popen[str] | None = None
 
     def _start(self) -> None:
         env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore")
+        env[PRELOAD_ENV] = ",".join(self.preload)
         stderr: Any = open(self.log, "a") if self.log else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
             [sys.executable, "-m", "hf_exporters.sweep.runner"],
@@ -317,9 +329,14 @@ class Zygote:
             self.process = None
 
 
+def preload_for(specs: Iterable[dict[str, Any]]) -> tuple[str, ...]:
+    """The extra modules a zygote imports for ``specs``: ExecuTorch's when any job exports to it."""
+    return _EXECUTORCH_MODULES if any(s.get("backend") == "executorch" for s in specs) else ()
+
+
 def run_isolated(spec: dict[str, Any], timeout: float = DEFAULT_TIMEOUT, memory_gb: float = DEFAULT_MEMORY_GB) -> dict[str, Any]:
     """One job in a fresh zygote (what each Ray task runs)."""
-    zygote = Zygote()
+    zygote = Zygote(preload=preload_for([spec]))
     try:
         return zygote.run(spec, timeout, int(memory_gb * 2**30))
     finally:
@@ -403,8 +420,10 @@ def run_jobs(
         _run_on_ray(pending, finish, reused, ray_address, timeout, memory_gb)
     else:
 
+        preload = preload_for(specs)
+
         def worker() -> None:
-            zygote = Zygote(log)
+            zygote = Zygote(log, preload)
             try:
                 while True:
                     try:
