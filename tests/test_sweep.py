@@ -137,6 +137,42 @@ def test_inputs_for_video_and_time_series() -> None:
     series(past_values=values)
 
 
+def test_audio_inputs_follow_the_front_end_and_the_codec_config() -> None:
+    from hf_exporters.sweep.inputs import AUDIO_FRAMES, AUDIO_SAMPLES, BATCH, build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    mel_first = build_model("GlmAsrEncoder")  # conv1 reads num_mel_bins (128) channels
+    features = build_inputs(mel_first)["input_features"]
+    assert tuple(features.shape) == (BATCH, 128, AUDIO_FRAMES)
+    mel_first(input_features=features)
+    stacked = build_model("GraniteSpeech5Encoder")  # input_linear reads 4 * num_mel_bins (80) features
+    features = build_inputs(stacked)["input_features"]
+    assert tuple(features.shape) == (BATCH, AUDIO_FRAMES, 4 * 80)
+    stacked(input_features=features)
+    codec = build_model("PocketTTSAudioTokenizerEncoderModel")  # audio_channels 1: (batch, channels, samples)
+    waveform = build_inputs(codec)["input_values"]
+    assert tuple(waveform.shape) == (BATCH, 1, AUDIO_SAMPLES)
+    codec(input_values=waveform)
+
+
+
+
+def test_inputs_seed_the_draws_a_forward_would_make() -> None:
+    from hf_exporters.runtime.compare import eager_outputs
+    from hf_exporters.sweep.inputs import BATCH, build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    mae = build_model("ViTMAEModel")
+    inputs = build_inputs(mae)
+    config = mae.config
+    assert tuple(inputs["noise"].shape) == (BATCH, (config.image_size // config.patch_size) ** 2)
+    assert torch.equal(inputs["noise"], build_inputs(mae)["noise"])  # same seed, same noise
+    first, second = eager_outputs(mae, inputs), eager_outputs(mae, inputs)
+    assert [name for name, _ in first] == [name for name, _ in second]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(first, second))
+    trajectory = build_inputs(build_model("DecisionTransformerModel"))
+    assert trajectory["timesteps"][0].tolist() == list(range(trajectory["states"].shape[1]))
+
 def test_classes_come_from_the_auto_mappings() -> None:
     base = classes.base_classes()
     assert base["BertModel"] == "bert" and len(classes.all_classes()) > len(base)
@@ -352,6 +388,8 @@ def test_a_dynamic_job_requires_batch_and_length_axes_only() -> None:
     assert expected_dynamic_axes("input_ids", ids) == {0, 1}
     assert expected_dynamic_axes("pixel_values", pixels) == {0}
     assert expected_dynamic_axes("input_values", audio) == {0, 1}
+    assert expected_dynamic_axes("input_values", torch.zeros(2, 1, 3200)) == {0, 2}
+    assert expected_dynamic_axes("input_values", torch.zeros(2, 64, 128)) == {0, 1}  # (batch, frames, mel bins)
     fixed = [("pixel_values", 1, 3), ("pixel_values", 2, 32), ("input_ids", 1, 8)]
     assert _unexpected_static(fixed, {"input_ids": ids, "pixel_values": pixels}) == [("input_ids", 1, 8)]
 

@@ -90,18 +90,192 @@ def _is_video(config: Any) -> bool:
     return _get(_vision(config), "num_frames", default=None) is not None or _get(config, "num_frames", default=None) is not None
 
 
-def _features(config: Any) -> torch.Tensor:
+def _front_end(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's first ``Conv1d``, ``Conv2d`` or ``Linear`` layer (in registration order), or ``None``.
+
+    An audio model registers the layer that reads its input first, so its width tells the input layout.
+    """
+    layers = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Linear)
+    return next((m for m in model.modules() if isinstance(m, layers)), None)
+
+
+def _configs(config: Any) -> list[Any]:
+    """``config`` and its nested sub-configs, depth first."""
+    found = [config]
+    for value in vars(config).values():
+        if hasattr(value, "to_dict") and value is not config:
+            found.extend(_configs(value))
+    return found
+
+
+_MEL_FIELDS = ("num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels")
+
+
+def _audio(config: Any) -> Any:
+    """The config that describes the audio input: the audio or encoder sub-config, else the first config of the tree
+    that names a mel-bin count, else ``config``."""
     audio = _sub(config, "audio_config", "encoder_config")
-    mel = _get(audio, "num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels", default=80)
+    if _get(audio, *_MEL_FIELDS) is None:
+        audio = next((c for c in _configs(config) if _get(c, *_MEL_FIELDS) is not None), audio)
+    return audio
+
+
+def _features(model: torch.nn.Module, config: Any, frames: int | None = None) -> tuple[torch.Tensor, int]:
+    """Log-mel ``input_features`` and the index of their time axis.
+
+    ``mel`` is the audio config's mel-bin count (128 when it names none). Layouts, first match wins:
+
+    - whisper-like encoders (``max_source_positions`` with ``num_mel_bins``): ``(batch, mel, 2 * positions)``;
+    - speech_to_text (``input_feat_per_channel``): ``(batch, 32, mel * input_channels)``;
+    - a front end ``Conv1d`` reading ``mel`` channels: ``(batch, mel, 32)``;
+    - a front end ``Linear`` reading ``k * mel`` features with ``k > 1`` that the config does not stack itself
+      (no ``subsampling_factor``/``num_stacked_frames`` equal to ``k``), or a ``feature_projection_input_dim`` in
+      the config tree: frames already stacked, ``(batch, 32, k * mel)`` (or that width);
+    - otherwise ``(batch, 32, mel)``.
+
+    ``frames`` replaces the 32 frames (the whisper-like count stays fixed by the position table).
+    """
+    audio = _audio(config)
+    mel = _get(audio, *_MEL_FIELDS, default=128)
+    count = frames or AUDIO_FRAMES
     source = _get(audio, "max_source_positions", default=None)
     if getattr(audio, "model_type", "") in ("whisper",) or (source and _get(audio, "num_mel_bins") and "whisper" in type(audio).__name__.lower()):
-        return torch.randn(BATCH, mel, 2 * source)
+        return torch.randn(BATCH, mel, 2 * source), 2
     channels = _get(audio, "input_channels", default=1)
     if _get(audio, "input_feat_per_channel") is not None:  # speech_to_text: (batch, frames, features)
-        return torch.randn(BATCH, AUDIO_FRAMES, mel * channels)
+        return torch.randn(BATCH, count, mel * channels), 1
     if source and _get(audio, "num_mel_bins") is not None:  # whisper-like encoders: (batch, mel, 2 * positions)
-        return torch.randn(BATCH, mel, 2 * source)
-    return torch.randn(BATCH, AUDIO_FRAMES, mel)
+        return torch.randn(BATCH, mel, 2 * source), 2
+    layer = _front_end(model)
+    if isinstance(layer, torch.nn.Conv1d) and layer.in_channels == mel:  # mel bins as conv channels
+        return torch.randn(BATCH, mel, count), 2
+    width = next((c.feature_projection_input_dim for c in _configs(config) if _get(c, "feature_projection_input_dim")), None)
+    if width is None and isinstance(layer, torch.nn.Linear) and layer.in_features % mel == 0:
+        stack = layer.in_features // mel
+        if stack > 1 and stack != _get(audio, "subsampling_factor", "num_stacked_frames", default=None):
+            width = layer.in_features
+    return torch.randn(BATCH, count, int(width or mel)), 1
+
+
+def _audio_inputs(
+    model: torch.nn.Module, config: Any, names: set[str], generator: torch.Generator, samples: int | None, tokens: int | None
+) -> dict[str, torch.Tensor]:
+    """``input_features`` (:func:`_features`) and, when the forward takes it, ``input_features_mask``.
+
+    ``samples``: the length of the ``input_values`` built beside them, if any; a codec that reads both gets
+    ``samples // hop_length`` frames, one per code. ``tokens``: the length of the ``input_ids`` built beside them,
+    if any; a decoder that adds one audio embedding to each token (``audio_length_per_tok``) gets
+    ``tokens * audio_length_per_tok`` frames. The mask is ``(batch, frames)`` of ones (every frame valid);
+    stacked-frame encoders (``num_stacked_frames``) get ``(batch, 32, mel * stacked)`` and chunked encoders
+    (``n_window``) ``(batch, mel, 2 * n_window)``, one whole chunk.
+    """
+    hop = _get(config, "encoder_hop_length", "hop_length", default=None)
+    frames = samples // int(hop) if samples and hop else None
+    per_token = _get(config, "audio_length_per_tok", default=None)
+    if tokens and per_token:
+        frames = tokens * int(per_token)
+    features, time_axis = _features(model, config, frames)
+    inputs = {"input_features": features}
+    if "input_features_mask" in names:
+        audio = _sub(config, "audio_config", "encoder_config")
+        stacked = _get(audio, "num_stacked_frames", default=None)
+        window = _get(audio, "n_window", default=None)
+        if stacked:  # frames stacked along features: (batch, frames, mel * stacked)
+            mel = int(_get(audio, "num_mel_bins", default=80))
+            inputs["input_features"], time_axis = torch.randn(BATCH, AUDIO_FRAMES, mel * int(stacked), generator=generator), 1
+        elif window:  # chunked encoders: (batch, mel, 2 * window) frames, one whole chunk
+            mel = int(_get(audio, "num_mel_bins", default=128))
+            inputs["input_features"], time_axis = torch.randn(BATCH, mel, 2 * int(window), generator=generator), 2
+        inputs["input_features_mask"] = torch.ones(BATCH, inputs["input_features"].shape[time_axis], dtype=torch.long)
+    return inputs
+
+
+def _code_streams(ids: torch.Tensor, config: Any, generator: torch.Generator) -> torch.Tensor:
+    """Token ids of shape ``(batch, seq)`` widened to ``(batch, seq, 1 + num_codebooks)``: the text token, then one
+    audio code per codebook, below ``codebook_vocab_size`` (the model offsets each stream into one vocabulary)."""
+    codebooks, size = int(config.num_codebooks), int(config.codebook_vocab_size)
+    codes = torch.randint(0, max(1, min(size - 1, 200)), (*ids.shape, codebooks), generator=generator)
+    return torch.cat([ids.unsqueeze(-1), codes], dim=-1)
+
+
+def _waveform(model: torch.nn.Module, config: Any, generator: torch.Generator) -> torch.Tensor:
+    """``input_values`` for a model whose main input is audio.
+
+    - conv codecs (a config of the tree with ``audio_channels``, or with ``hop_length``: a waveform cut into
+      fixed hops): ``(batch, audio_channels or 1, samples)``, ``samples`` 3200 rounded up to whole hops;
+    - a front end ``Conv2d`` (spectrogram patches): ``(batch, frames, num_mel_bins)``, ``frames`` the config's
+      ``max_length`` (the position table is sized for it) or 32;
+    - a first layer that is a ``Linear`` reading ``hidden_size`` (no waveform front end: an encoder fed hidden
+      states): ``(batch, 8, hidden_size)``;
+    - otherwise raw audio ``(batch, 3200)``.
+    """
+    configs = _configs(config)
+    channels = next((c.audio_channels for c in configs if _get(c, "audio_channels") is not None), None)
+    hop = next((_get(c, "encoder_hop_length", "hop_length") for c in configs if _get(c, "hop_length") is not None), None)
+    if channels is not None or hop is not None:
+        hop = int(hop or 1)
+        samples = -(-AUDIO_SAMPLES // hop) * hop
+        return torch.randn(BATCH, int(channels or 1), samples, generator=generator)
+    layer = _front_end(model)
+    if isinstance(layer, torch.nn.Conv2d):
+        mel = int(_get(config, "num_mel_bins", default=128))
+        return torch.randn(BATCH, int(_get(config, "max_length", default=AUDIO_FRAMES)), mel, generator=generator)
+    hidden = _get(config, "hidden_size", default=None)
+    if isinstance(layer, torch.nn.Linear) and hidden and layer.in_features == hidden:
+        return torch.randn(BATCH, SEQ, int(hidden), generator=generator)
+    return torch.randn(BATCH, AUDIO_SAMPLES, generator=generator)
+
+
+def _seeded_draws(model: torch.nn.Module, config: Any, inputs: dict[str, Any], names: set[str], generator: torch.Generator) -> None:
+    """Random draws the forward would otherwise make itself, passed in so that two runs see the same values.
+
+    - ``noise`` ``(batch, num_patches)`` uniform in [0, 1) for patch-masking encoders (config ``mask_ratio``), with
+      ``num_patches = (height // patch_size) * (width // patch_size)`` of the built ``pixel_values``; models that mask
+      whole units (config ``masked_unit_size``) mask only in pre-training heads, so their base forward gets none;
+    - ``noise_sequence`` ``(batch, frames, model_in_channels)`` for vocoders, ``frames`` the spectrogram's length
+      (``input_features`` is ``(batch, frames, mel)``);
+    - ``pixel_mask`` ``(batch, height, width)`` of ones but for the last patch, when the config has
+      ``max_image_length``: such models sample the patches they keep, and a single padded patch leaves one draw.
+    """
+    pixels = inputs.get("pixel_values")
+    if "noise" in names and pixels is not None and pixels.dim() == 4 and _get(config, "mask_ratio") is not None and _get(config, "masked_unit_size") is None:
+        patch = _patch(config)
+        count = (pixels.shape[-2] // patch) * (pixels.shape[-1] // patch)
+        inputs["noise"] = torch.rand(pixels.shape[0], count, generator=generator)
+    features = inputs.get("input_features")
+    if "noise_sequence" in names and features is not None and _get(config, "model_in_channels") is not None:
+        inputs["noise_sequence"] = torch.randn(features.shape[0], features.shape[1], int(config.model_in_channels), generator=generator)
+    if "pixel_mask" in names and pixels is not None and pixels.dim() == 4 and _get(config, "max_image_length") is not None:
+        patch = _patch(config)
+        mask = torch.ones(pixels.shape[0], pixels.shape[-2], pixels.shape[-1], dtype=torch.long)
+        mask[:, -patch:, -patch:] = 0
+        inputs["pixel_mask"] = mask
+
+
+def _trajectory(config: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """An offline-RL trajectory of ``SEQ`` steps: ``states`` ``(batch, seq, state_dim)``, ``actions`` ``(batch, seq,
+    act_dim)``, ``rewards`` and ``returns_to_go`` ``(batch, seq, 1)``, ``timesteps`` ``(batch, seq)`` (0 .. seq - 1)
+    and ``attention_mask`` ``(batch, seq)`` of ones."""
+    return {
+        "states": torch.randn(BATCH, SEQ, int(config.state_dim), generator=generator),
+        "actions": torch.randn(BATCH, SEQ, int(config.act_dim), generator=generator),
+        "rewards": torch.randn(BATCH, SEQ, 1, generator=generator),
+        "returns_to_go": torch.randn(BATCH, SEQ, 1, generator=generator),
+        "timesteps": torch.arange(SEQ).expand(BATCH, SEQ).contiguous(),
+        "attention_mask": torch.ones(BATCH, SEQ, dtype=torch.long),
+    }
+
+
+def _packed_images(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``BATCH`` images of a 4 x 4 patch grid packed side by side, for a vision tower taking ``target_sizes``.
+
+    Returns ``(pixel_values, target_sizes)``: ``pixel_values`` ``(1, channels, patch_size, batch * 16 * patch_size)``
+    (one row of patches) and ``target_sizes`` ``(batch, 2)`` = ``[[4, 4], ...]`` (int64).
+    """
+    side = 4
+    patch = _patch(config)
+    pixels = torch.randn(1, _channels(config), patch, BATCH * side * side * patch, generator=generator)
+    return pixels, torch.tensor([[side, side]] * BATCH, dtype=torch.long)
 
 
 def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
@@ -109,8 +283,11 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
 
     Text: ``input_ids`` (and ``attention_mask``, ``token_type_ids``) drawn from the vocabulary below the
     special ids; vision: ``pixel_values`` at the config's image size; audio: ``input_values`` (raw
-    waveform) or ``input_features`` (log-mel frames); encoder-decoder: ``decoder_input_ids``.
-    A multimodal decoder whose image comes through placeholder tokens runs on text only.
+    waveform ``(batch, samples)``, ``(batch, channels, samples)`` for conv codecs, a spectrogram or hidden
+    states: :func:`_waveform`) or ``input_features`` (log-mel frames, laid out for the model's first layer:
+    :func:`_features`); encoder-decoder: ``decoder_input_ids``.
+    A multimodal decoder whose image or audio comes through placeholder tokens runs on text only (audio: the
+    config names ``audio_token_id``/``audio_token_index``, even unset).
 
     Other input kinds, each built when the forward takes it:
 
@@ -129,11 +306,26 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
       ``bbox`` ``(batch, seq, 4)`` in [0, 1] when required or the model has no 2-D position table;
       ``lang_ids`` ``(batch,)`` = 0 when the config lists adapter ``languages``;
     - ``input_features_mask`` ``(batch, frames)`` of ones (stacked-frame and chunked encoders get features sized
-      for them); ``audio_mel`` ``(batch, frames, mel)`` with ``audio_mel_mask`` (all False: no padding);
+      for them); features beside a codec's ``input_values`` get one frame per hop, features beside ``input_ids`` of
+      a decoder with ``audio_length_per_tok`` that many frames per token (:func:`_audio_inputs`);
+      ``audio_mel`` ``(batch, frames, mel)`` with ``audio_mel_mask`` (all False: no padding);
+    - ``decoder_input_values`` ``(batch, 4, hidden_size)`` beside ``input_values`` that are hidden states;
+    - ``input_ids`` ``(batch, seq, 1 + num_codebooks)`` when the config has ``codebook_vocab_size``: the text token
+      and one audio code per codebook;
     - time series: ``past_values`` ``(batch, context_length[, num_input_channels])`` (a long context is cut to
       four patches), ``past_values_padding`` ``(batch, context)`` of zeros, ``freq`` ``(batch, 1)`` = 0;
     - required ``inputs_embeds``/``noise_embeds``/``context_hidden_states``: ``(batch, seq, hidden_size)``;
-    - ``input_ids`` without a vocabulary (character-level models): code points below 200.
+    - ``input_ids`` without a vocabulary (character-level models): code points below 200;
+    - ``bbox`` also for encoder-decoder document models; ``image_embeds_position_mask`` ``(batch, latent_query_num +
+      2)``: 1 at the image's latent queries after the first token (``input_ids`` and ``attention_mask`` lengthened);
+    - offline-RL trajectories (``states``/``actions``, config ``state_dim``): see ``_trajectory``; ``target_sizes``:
+      several images' patches packed in one row, see ``_packed_images``;
+    - config ``keypoint_detector_config``: ``pixel_values`` as an image pair ``(batch, 2, channels, height, width)``;
+    - ``action_embeds`` ``(batch, chunk_size + 1, action expert hidden)``, with a one-camera prefix ``pixel_values``
+      ``(batch, 1, channels, height, width)``, ``pixel_attention_mask`` ``(batch, 1)`` and image placeholders in
+      ``input_ids``; ``context_hidden_states`` with config ``target_layer_ids``: ``(batch, seq, hidden * layers)``;
+    - random draws the forward would make itself (``noise``, ``noise_sequence``, sampled patches): see
+      ``_seeded_draws``.
     Runtime objects (``inference_session``) are never built.
 
     Raises:
@@ -215,27 +407,26 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     if "visual_feats" in names and _get(config, "visual_feat_dim") is not None:  # region features and boxes
         inputs["visual_feats"] = torch.randn(BATCH, DECODER_SEQ, config.visual_feat_dim, generator=generator)
         inputs["visual_pos"] = torch.rand(BATCH, DECODER_SEQ, int(_get(config, "visual_pos_dim", default=4)), generator=generator)
-    if "bbox" in names and "input_ids" in inputs and ("bbox" in required or _get(config, "max_2d_position_embeddings") is None):
+    if "bbox" in names and "input_ids" in inputs and (
+        "bbox" in required or _get(config, "max_2d_position_embeddings") is None or getattr(config, "is_encoder_decoder", False)
+    ):  # encoder-decoder document models place image patches by the boxes
         corners = torch.rand(BATCH, SEQ, 2, 2, generator=generator).sort(dim=2).values  # (x0, y0) <= (x1, y1)
         inputs["bbox"] = corners.reshape(BATCH, SEQ, 4)
     if "lang_ids" in names and "input_ids" in inputs and _get(config, "languages") is not None:
         inputs["lang_ids"] = torch.zeros(BATCH, dtype=torch.long)
+    # audio through placeholder tokens: the config names an audio token field, even unset
+    placeholder_audio = placeholder_image or any(hasattr(config, n) for n in ("audio_token_id", "audio_token_index"))
     if "input_values" in names and (main == "input_values" or "input_values" in required):
-        inputs["input_values"] = torch.randn(BATCH, AUDIO_SAMPLES, generator=generator)
-    if "input_features" in names and (main == "input_features" or "input_features" in required or not placeholder_image):
-        inputs["input_features"] = _features(config)
-        if "input_features_mask" in names:  # (batch, frames): every frame valid
-            audio = _sub(config, "audio_config", "encoder_config")
-            stacked = _get(audio, "num_stacked_frames", default=None)
-            window = _get(audio, "n_window", default=None)
-            if stacked:  # frames stacked along features: (batch, frames, mel * stacked)
-                mel = int(_get(audio, "num_mel_bins", default=80))
-                inputs["input_features"] = torch.randn(BATCH, AUDIO_FRAMES, mel * int(stacked), generator=generator)
-            elif window:  # chunked encoders: (batch, mel, 2 * window) frames, one whole chunk
-                mel = int(_get(audio, "num_mel_bins", default=128))
-                inputs["input_features"] = torch.randn(BATCH, mel, 2 * int(window), generator=generator)
-            time_axis = 1 if inputs["input_features"].shape[1] == AUDIO_FRAMES else -1
-            inputs["input_features_mask"] = torch.ones(BATCH, inputs["input_features"].shape[time_axis], dtype=torch.long)
+        inputs["input_values"] = _waveform(model, config, generator)
+        if "decoder_input_values" in names and inputs["input_values"].dim() == 3 and inputs["input_values"].is_floating_point():
+            if inputs["input_values"].shape[-1] == _get(config, "hidden_size"):  # decoder fed hidden states too
+                inputs["decoder_input_values"] = torch.randn(BATCH, DECODER_SEQ, config.hidden_size, generator=generator)
+    if "input_features" in names and (main == "input_features" or "input_features" in required or not placeholder_audio):
+        samples = inputs["input_values"].shape[-1] if inputs.get("input_values") is not None and inputs["input_values"].dim() == 3 else None
+        tokens = inputs["input_ids"].shape[1] if "input_ids" in inputs else None
+        inputs.update(_audio_inputs(model, config, names, generator, samples, tokens))
+    if "input_ids" in inputs and _get(config, "codebook_vocab_size") and _get(config, "num_codebooks"):
+        inputs["input_ids"] = _code_streams(inputs["input_ids"], config, generator)
     if "audio_mel" in required:  # (batch, frames, mel) with a padding mask (True = padded)
         mel = int(_get(config, "input_feat_size", "num_mel_bins", "n_mels", default=128))
         inputs["audio_mel"] = torch.randn(BATCH, AUDIO_FRAMES, mel, generator=generator)
@@ -252,8 +443,48 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
             inputs["past_values_padding"] = torch.zeros(BATCH, context, dtype=torch.long)
         if "freq" in names:
             inputs["freq"] = torch.zeros(BATCH, 1, dtype=torch.long)
+    # ---- non-audio input kinds (trajectories, packed images, image pairs, actions, seeded draws) ----
+    if "states" in names and "actions" in names and _get(config, "state_dim") is not None:  # offline-RL trajectory
+        inputs.update({k: v for k, v in _trajectory(config, generator).items() if k in names})
+    if "target_sizes" in names and "pixel_values" in required:  # patches of several images packed in one row
+        inputs["pixel_values"], inputs["target_sizes"] = _packed_images(config, generator)
+    if _get(config, "keypoint_detector_config") is not None and "pixel_values" in inputs and inputs["pixel_values"].dim() == 4:
+        # keypoint matching: an image pair per sample, (batch, 2, channels, height, width)
+        image = inputs["pixel_values"]
+        inputs["pixel_values"] = torch.stack([image, torch.randn(image.shape, generator=generator)], dim=1)
+    if "image_embeds_position_mask" in names and "input_ids" in inputs and "pixel_values" in inputs:
+        # (batch, seq): 1 where the image's latent queries replace tokens, right after the first token
+        queries = int(_get(config, "latent_query_num", default=SEQ - 2))
+        length = queries + 2
+        inputs["input_ids"] = torch.randint(1, max(2, min(int(vocab), 200)), (BATCH, length), generator=generator)
+        mask = torch.zeros(BATCH, length, dtype=torch.long)
+        mask[:, 1 : 1 + queries] = 1
+        inputs["image_embeds_position_mask"] = mask
+        if "attention_mask" in inputs:
+            inputs["attention_mask"] = torch.ones(BATCH, length, dtype=torch.long)
+    if "action_embeds" in required:  # action expert: (batch, chunk_size + 1, hidden), the state then the actions
+        expert = _sub(config, "dit_config", "action_expert_config")
+        steps = int(_get(config, "chunk_size", default=DECODER_SEQ)) + 1
+        inputs["action_embeds"] = torch.randn(BATCH, steps, int(_get(expert, "hidden_size")), generator=generator)
+        vlm = _sub(config, "vlm_config")
+        if "pixel_attention_mask" in names and "input_ids" in names:  # the prefix: one camera image per sample
+            if "input_ids" not in inputs:  # the vocabulary is the vision-language model's
+                high = max(2, min(int(_get(vlm.get_text_config(), "vocab_size", default=200)), 200))
+                inputs["input_ids"] = torch.randint(1, high, (BATCH, SEQ), generator=generator)
+            # pixel_values (batch, cameras=1, channels, height, width), pixel_attention_mask (batch, 1) all True,
+            # the first DECODER_SEQ tokens of input_ids are image placeholders
+            inputs["pixel_values"] = _image(vlm).unsqueeze(1)
+            inputs["pixel_attention_mask"] = torch.ones(BATCH, 1, dtype=torch.bool)
+            image_token = _get(vlm, "image_token_id", "image_token_index")
+            if image_token is not None:
+                inputs["input_ids"][:, :DECODER_SEQ] = int(image_token)
+    if "context_hidden_states" in required and _get(config, "target_layer_ids") is not None:
+        # drafter context: the target's hidden states of each listed layer, concatenated (batch, seq, hidden * layers)
+        width = int(config.hidden_size) * len(config.target_layer_ids)
+        inputs["context_hidden_states"] = torch.randn(BATCH, SEQ, width, generator=generator)
+    _seeded_draws(model, config, inputs, names, generator)
     for name, width in (("inputs_embeds", "hidden_size"), ("noise_embeds", "hidden_size"), ("context_hidden_states", "hidden_size")):
-        if name in required and _get(config, width) is not None:  # embeddings fed directly: (batch, seq, hidden)
+        if name in required and name not in inputs and _get(config, width) is not None:  # embeddings fed directly: (batch, seq, hidden)
             inputs[name] = torch.randn(BATCH, SEQ, int(_get(config, width)), generator=generator)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in names:
         dec_vocab = _get(config, "decoder_vocab_size", default=None) or vocab or 2

@@ -171,7 +171,7 @@ def _exported_program(program: Any) -> Any:
     return ep if isinstance(ep, torch.export.ExportedProgram) else None
 
 
-#: inputs whose axis 1 is a length (samples, frames) besides the token-like ones
+#: inputs with a length axis (samples, frames) besides the token-like ones
 _LENGTH_INPUTS = ("input_values",)
 
 
@@ -180,7 +180,8 @@ def expected_dynamic_axes(name: str, tensor: Any) -> set[int]:
 
     The batch axis (0) of every input, and the length axis (1) of token-like inputs (integer or
     boolean tensors of shape ``(batch, sequence)``: ids, masks, positions) and of raw audio
-    (``input_values``, ``(batch, samples)``). Every axis is asked to be dynamic; the others (channels,
+    (``input_values``: ``(batch, samples)``, a waveform ``(batch, 1 or 2 channels, samples)``, or
+    frames ``(batch, frames, mel bins)``). Every axis is asked to be dynamic; the others (channels,
     mel bins, image height and width, feature widths) may be fixed by the model's weights or
     position tables, so a program that fixes them is recorded (``static_axes``) but not failed.
     """
@@ -188,8 +189,12 @@ def expected_dynamic_axes(name: str, tensor: Any) -> set[int]:
 
     axes = {0} if tensor.dim() >= 1 else set()
     token_like = tensor.dim() == 2 and (tensor.dtype == torch.bool or not tensor.is_floating_point())
-    if token_like or (name in _LENGTH_INPUTS and tensor.dim() >= 2):
+    if token_like:
         axes.add(1)
+    elif name in _LENGTH_INPUTS and tensor.dim() >= 2:
+        # a mono or stereo waveform (batch, 1 or 2, samples) has its length last; other layouts put it at axis 1
+        waveform = tensor.dim() == 3 and tensor.shape[1] <= 2
+        axes.add(2 if waveform else 1)
     return axes
 
 
