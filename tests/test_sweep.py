@@ -322,6 +322,23 @@ def test_reports_from_a_synthetic_results_file(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "summary.json").read_text())["classes_run"] == 4
 
 
+def test_failure_kinds_rank_by_classes_and_split_setup_from_export() -> None:
+    records = [
+        _record("ours", "onnx", False, "A", "fail", "eager", "shape error"),
+        _record("ours", "dynamo", False, "A", "fail", "eager", "shape error"),
+        _record("ours", "onnx", True, "A", "fail", "eager", "shape error"),
+        _record("ours", "onnx", False, "B", "fail", "lowering", "unsupported op"),
+        _record("ours", "onnx", False, "C", "fail", "runtime", "unsupported op"),
+        _record("upstream", "onnx", False, "D", "fail", "exporter trace", "data-dependent guard"),
+    ]
+    ranked = report.top_failure_kinds(records)
+    assert [(k["kind"], k["classes"], k["count"]) for k in ranked] == [
+        ("unsupported op", 2, 2), ("shape error", 1, 3), ("data-dependent guard", 1, 1),
+    ]
+    export = report.top_failure_kinds(records, engine="ours", export_side=True)
+    assert [(k["kind"], k["classes"], k["examples"]) for k in export] == [("unsupported op", 2, ["B", "C"])]
+
+
 def test_smoke_regressions_against_the_baseline() -> None:
     assert 18 <= len(smoke.smoke_classes()) <= 24
     baseline = {"ours|onnx|static|A": "pass", "ours|onnx|static|B": "fail"}
