@@ -91,6 +91,35 @@ def test_tiny_config_keeps_derived_head_widths_and_stage_lists_consistent() -> N
     assert mimi.hidden_size == mimi.upsample_groups == tiny.WIDTH
 
 
+def test_tiny_config_fills_counts_the_defaults_leave_unset() -> None:
+    nemotron = tiny.tiny_config(transformers.NemotronConfig)  # no key/value head count: one per query head
+    assert nemotron.num_key_value_heads == nemotron.num_attention_heads == tiny.HEADS
+    ministral = tiny.tiny_config(transformers.MinistralConfig)  # no head_dim: the width over the heads
+    assert ministral.head_dim == tiny.HEAD_DIM
+    dots1 = tiny.tiny_config(transformers.Dots1Config)  # expert count, top-k and shared experts all unset
+    assert (dots1.n_routed_experts, dots1.num_experts_per_tok, dots1.n_shared_experts) == (tiny.EXPERTS, 2, 1)
+    bailing = tiny.tiny_config(transformers.BailingHybridConfig)  # routing under other names: 512 experts, top-8 of 8 groups
+    assert (bailing.num_experts, bailing.num_experts_per_tok, bailing.n_group, bailing.topk_group) == (tiny.EXPERTS, 2, 2, 1)
+
+
+def test_tiny_config_keeps_head_ratios_windows_and_stage_widths_consistent() -> None:
+    moonshine = tiny.tiny_config(transformers.MoonshineConfig)  # encoder 8/8 heads, decoder 8/8: each side keeps 1:1
+    assert moonshine.encoder_num_key_value_heads == moonshine.encoder_num_attention_heads == tiny.HEADS
+    assert moonshine.encoder_num_hidden_layers == moonshine.decoder_num_hidden_layers == tiny.LAYERS
+    swin = tiny.tiny_config(transformers.SwinConfig)  # window 7 over a last-stage grid of 1: grid 2, window 2
+    assert (swin.image_size, swin.window_size) == (64, 2)
+    mobilevit = tiny.tiny_config(transformers.MobileViTV2Config)  # 2-pixel patches at stride 32
+    assert mobilevit.image_size == 64
+    swin2sr = tiny.tiny_config(transformers.Swin2SRConfig)  # constant-width stages: heads a power of two
+    assert all(swin2sr.embed_dim % h == 0 for h in swin2sr.num_heads)
+    efficientnet = tiny.tiny_config(transformers.EfficientNetConfig)  # 1280 head channels at width 0.2: 256
+    assert (efficientnet.width_coefficient, efficientnet.depth_coefficient, efficientnet.hidden_dim) == (0.2, 0.1, 256)
+    vibevoice = tiny.tiny_config(transformers.VibeVoiceAcousticTokenizerConfig)  # 32 filters doubled 6 times
+    assert vibevoice.num_filters << len(vibevoice.downsampling_ratios) == 256
+    glm = tiny.tiny_config(transformers.Glm4vConfig).vision_config  # a width named *hidden_size, a *intermediate_size
+    assert glm.out_hidden_size == tiny.WIDTH and glm.intermediate_size <= tiny.FFN
+
+
 def test_tiny_config_family_override_is_applied_with_a_reason() -> None:
     config = tiny.tiny_config(transformers.WhisperConfig)
     assert config.max_source_positions == tiny.FAMILY_OVERRIDES["whisper"][0]["max_source_positions"]

@@ -7,10 +7,16 @@ and keeps the fields that select a code path (attention kind, rope scaling, laye
 :func:`keep_width_relations` then carries each changed width and image side over to the fields that
 held the same value anywhere in the config tree (projection sizes, channel lists, feature-map sides).
 Fields derived from those follow them: a field named as a width that held one of the config's widths
-becomes the new width, lists of parts of the width keep summing to it, per-stage lists keep one entry per
+becomes the new width (any other ``*hidden_size`` / ``*intermediate_size`` field becomes WIDTH / FFN), lists of parts of the width keep summing to it, per-stage lists keep one entry per
 stage, ``d_head`` and the rotary width (``rotary_dim``, multimodal ``mrope_section``) follow the new head
 width, adapter feature-layer indices stay inside the shrunk tower, and counts the defaults leave unset
-(vocabulary, experts of a mixture, prediction length) get tiny values.
+(vocabulary, head width, key/value heads, the experts, top-k and shared experts of a mixture, the window of
+sliding-window layers, prediction length) get tiny values. Key/value head counts under any name (per side,
+per layer) keep their ratio to the query heads, head lists stay powers of two, and spatial sizes stay
+consistent with what the model cuts the image into: a shifted window no wider than the last stage's grid, a
+grid that splits into num_windows windows or pixel-shuffles by scale_factor, one patch left at output_stride.
+Compound-scaled convolution stacks (width and depth coefficients) and filter counts doubled per down-sampling
+stage are kept small.
 
 Where the generic rule cannot serve a family, :data:`FAMILY_OVERRIDES` sets fields by hand; each
 entry says why.
@@ -19,6 +25,7 @@ entry says why.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 #: width every hidden size becomes (divisible by :data:`HEADS`; head_dim = WIDTH // HEADS)
@@ -44,23 +51,52 @@ _FFN_KEYS = {
     "decoder_intermediate_size", "ff_dim", "inner_dim", "feed_forward_size", "mlp_dim", "dim_feedforward",
     "encoder_ffn_size", "decoder_ffn_size",
 }
-_SMALL_FFN_KEYS = {"moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"}
+_SMALL_FFN_KEYS = {"moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size", "moe_hidden_size", "expert_ffn_hidden_size"}
 _LAYER_KEYS = {
     "num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
     "num_decoder_layers", "num_encoder_layers", "decoder_num_layers", "encoder_num_layers",
-    "num_text_layers", "num_vision_layers",
+    "num_text_layers", "num_vision_layers", "encoder_num_hidden_layers", "decoder_num_hidden_layers",
 }
 _HEAD_KEYS = {
     "num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads",
     "decoder_num_attention_heads", "num_decoder_attention_heads", "encoder_num_attention_heads",
 }
-_KV_HEAD_KEYS = {"num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "decoder_num_key_value_heads"}
+_KV_HEAD_KEYS = {"num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "decoder_num_key_value_heads", "encoder_num_key_value_heads"}
 _VOCAB_KEYS = {"vocab_size", "text_vocab_size", "decoder_vocab_size", "target_vocab_size", "src_vocab_size", "tgt_vocab_size", "n_words"}
 _POSITION_KEYS = {"max_position_embeddings", "n_positions", "max_target_positions", "n_ctx", "max_seq_len", "max_sequence_length"}
-_EXPERT_KEYS = {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts"}
-_TOPK_KEYS = {"num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k"}
+_EXPERT_KEYS = {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts", "zero_expert_num"}
+_TOPK_KEYS = {"num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k", "top_k_experts", "num_experts_per_token"}
 #: multi-head latent attention (DeepSeek-V2/V3 and descendants)
 _MLA = {"kv_lora_rank": 32, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "qk_head_dim": 16}
+
+#: codebook entries of the tiny image tokenizers (VQ models that turn an image into vocabulary tokens)
+CODEBOOK = 64
+
+
+def _chameleon_vocabulary_map() -> dict[str, int]:
+    """Image token and codebook entries of the tiny vocabulary, named as the Chameleon tokenizer names them
+    (``IMGIMG`` + the entry's digits spelled ``A``-``J`` + ``Z``), at the top of the vocabulary."""
+    spelled = {str(i): chr(ord("A") + i) for i in range(10)}
+    entries = {"IMGIMG" + "".join(spelled[c] for c in str(i)) + "Z": VOCAB - 1 - CODEBOOK + i for i in range(CODEBOOK)}
+    return {"<image>": VOCAB - 1, **entries}
+
+
+def _emu3_vocabulary_map() -> dict[str, int]:
+    """Image, end-of-line and codebook tokens of the tiny vocabulary, named as the Emu3 tokenizer names them."""
+    entries = {f"<|visual token{i:06d}|>": VOCAB - 2 - CODEBOOK + i for i in range(CODEBOOK)}
+    return {"<image>": VOCAB - 1, "<|extra_200|>": VOCAB - 2, **entries}
+
+
+def _intraclass_block() -> dict[str, list[Any]]:
+    """(kernel, stride, padding) of each convolution of an intra-class block: long vertical, horizontal and
+    square kernels of three lengths, each padded to keep the feature map's size (their outputs are summed)."""
+    block: dict[str, list[Any]] = {"reduce_channel": [1, 1, 0], "return_channel": [1, 1, 0]}
+    for ratio, k in (("longratio", 7), ("midratio", 5), ("shortratio", 3)):
+        block[f"vertical_long_to_small_conv_{ratio}"] = [[k, 1], 1, [k // 2, 0]]
+        block[f"horizontal_small_to_long_conv_{ratio}"] = [[1, k], 1, [0, k // 2]]
+        block[f"symmetric_conv_long_{ratio}"] = [k, 1, k // 2]
+    return block
+
 
 #: model_type -> (fields to set after the generic rule, why the generic rule cannot serve the family)
 FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
@@ -88,6 +124,119 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "lilt": (
         {"hidden_size": 48},
         "the six layout embeddings of hidden_size // 6 each are concatenated back to the hidden size: it must divide by 6",
+    ),
+    "dbrx": (
+        {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
+        "the attention reads rope_theta from the attention sub-config, whose class does not declare it, and"
+        " clamps the projections with clip_qkv, whose unset default it passes on as both bounds",
+    ),
+    "moonshine_streaming": (
+        {"num_key_value_heads": HEADS},
+        "the decoder reads num_key_value_heads, which the config class does not declare (one per query head)",
+    ),
+    "t5gemma2_text": (
+        {"dropout_rate": 0.0},
+        "the MLP reads dropout_rate, which only the encoder-decoder config sets on its text config",
+    ),
+    "lfm2_moe": (
+        {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+        "the config has no default layer_types (the kinds are family names); one dense layer keeps a sparse one",
+    ),
+    "deepseek_ocr2_text": (
+        {"mlp_layer_types": ["dense", "sparse"]},
+        "the config has no default mlp_layer_types; one dense and one sparse layer",
+    ),
+    "qwen4_exp_text": (
+        {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": HEAD_DIM, "indexer_budget": 8, "indexer_compress_ratio": 4},
+        "the indexed attention builds its indexer from fields the defaults leave unset; the config requires one"
+        " key/value head, a budget divisible by the compress ratio and an index head as wide as the rotary part",
+    ),
+    "chameleon": (
+        {"vocabulary_map": _chameleon_vocabulary_map(), "image_token_id": VOCAB - 1, "vq_config": {"num_embeddings": CODEBOOK}},
+        "the defaults leave the tokenizer's vocabulary map unset; the model maps codebook entries to vocabulary"
+        " tokens through it, so the tiny codebook gets tokens of the tiny vocabulary",
+    ),
+    "emu3": (
+        {"vocabulary_map": _emu3_vocabulary_map(), "image_token_id": VOCAB - 1, "vq_config": {"codebook_size": CODEBOOK}},
+        "the defaults leave the tokenizer's vocabulary map unset; the model maps codebook entries to vocabulary"
+        " tokens through it, so the tiny codebook gets tokens of the tiny vocabulary",
+    ),
+    "esm": (
+        {"pad_token_id": 1, "mask_token_id": 32},
+        "the defaults leave pad_token_id unset; the embeddings derive position ids from the padding token",
+    ),
+    "granite4_vision": (
+        {"downsample_rate": "1/2", "deepstack_layer_map": [[0, 0], [-1, 1]], "spatial_target_layers": [0, 0, 1, 1]},
+        "the defaults leave the projector's downsample rate and vision-to-text layer map unset, and the spatial"
+        " target layers index the full-size text model",
+    ),
+    "cohere_compass_text": (
+        {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+        "the rotary parameters are keyed by layer type and the defaults leave them empty",
+    ),
+    "gemma3n_text": (
+        {
+            "num_hidden_layers": 4,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "num_kv_shared_layers": 2,
+            "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0],
+            "intermediate_size": FFN,
+        },
+        "the last num_kv_shared_layers layers reuse the cache of an earlier layer of each kind: two layers of"
+        " each kind, the second pair sharing",
+    ),
+    "pp_ocrv6_medium_det": (
+        {"intraclass_block_config": _intraclass_block()},
+        "the defaults leave the intra-class block's convolutions unset",
+    ),
+    "pp_ocrv5_server_det": (
+        {"intraclass_block_config": _intraclass_block()},
+        "the defaults leave the intra-class block's convolutions unset",
+    ),
+    "dac": (
+        {"encoder_hidden_size": 8},
+        "the encoder doubles encoder_hidden_size at each of its down-sampling stages (64 -> 1024 channels)",
+    ),
+    "seamless_m4t": (
+        {"unit_embed_dim": WIDTH, "lang_embed_dim": 16, "spkr_embed_dim": 16, "upsample_initial_channel": WIDTH},
+        "the vocoder's unit, language and speaker embeddings and its first up-sampling width are named as no generic rule knows",
+    ),
+    "seamless_m4t_v2": (
+        {"unit_embed_dim": WIDTH, "lang_embed_dim": 16, "spkr_embed_dim": 16, "upsample_initial_channel": WIDTH},
+        "the vocoder's unit, language and speaker embeddings and its first up-sampling width are named as no generic rule knows",
+    ),
+    "align_vision_model": (
+        {"hidden_dim": 2, "initializer_range": 0.3},
+        "hidden_dim is only the pooler's kernel size; one larger than the (2 x 2) last feature map of the tiny image"
+        " pools past its edge, which gives undefined values. The convolutions of few channels, drawn at the default"
+        " 0.02 spread, shrink the activations 1e4-fold per stage until the normalised image embedding is inf",
+    ),
+    "lw_detr": (
+        {"projector_scale_factors": [1.0], "projector_in_channels": [WIDTH], "num_feature_levels": 1},
+        "the defaults leave the feature pyramid without levels, so the decoder gets no features at all",
+    ),
+    "zamba2": (
+        {"attention_hidden_size": 2 * WIDTH, "attention_head_dim": 2 * WIDTH // HEADS, "mamba_headdim": 2 * WIDTH // 8, "kv_channels": HEAD_DIM},
+        "the config derives these widths from hidden_size, then sets the full-size values to_dict() passes back",
+    ),
+    "bros": (
+        {"dim_bbox_projection": HEAD_DIM},
+        "the projected box embedding is added to each attention head: its width is the head width",
+    ),
+    "step3p5": (
+        {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4, "num_sliding_attention_heads": HEADS,
+         "mlp_layer_types": ["dense", "sparse"]},
+        "the model builds a sliding-window mask whatever the layer kinds, and the defaults give every layer full"
+        " attention and no window; the tiny model keeps one layer of each attention and MLP kind",
+    ),
+    "tvp": (
+        {"max_img_size": 64, "visual_prompt_size": 8},
+        "the visual prompt is a mask of max_img_size pixels a side laid over the frames: the tiny frame's side",
+    ),
+    "depth_pro": (
+        {"patch_size": 16, **{f"{k}_model_config": {"patch_size": 8} for k in ("image", "patch", "fov")}},
+        "the image is cut into patch_size-pixel crops at a quarter of its side and each crop is a sub-model's"
+        " image (the config sets their image_size to it): 16-pixel crops of 8-pixel patches for a 64-pixel image",
     ),
     "deberta-v2": (
         {"position_buckets": 16},
@@ -204,7 +353,7 @@ def shrink(fields: dict[str, Any], widths: set[int] | None = None) -> dict[str, 
     """
     d = copy.deepcopy(fields)
     widths = _old_widths(fields) if widths is None else widths
-    old_heads = next((d[k] for k in _HEAD_KEYS if isinstance(d.get(k), int) and d[k] > 0), None)
+    old_heads = next((d[k] for k in (*_HEAD_KEYS, "num_heads") if isinstance(d.get(k), int) and d[k] > 0), None)
     old_layers = next((d[k] for k in _LAYER_KEYS if isinstance(d.get(k), int) and d[k] > 0), None)
     old_width = next((d[k] for k in ("hidden_size", "d_model", "n_embd") if isinstance(d.get(k), int) and d[k] > 0), None)
     old_width = old_width or 0
@@ -262,7 +411,8 @@ def shrink(fields: dict[str, Any], widths: set[int] | None = None) -> dict[str, 
         elif key == "depths" and isinstance(value, list) and all(isinstance(v, int) for v in value):
             d[key] = [1] * len(value)
         elif key == "num_heads" and isinstance(value, list) and all(isinstance(v, int) for v in value):
-            d[key] = [min(v, 2**i) for i, v in enumerate(value)]
+            # a power of two: it divides the stage widths whether they double per stage or stay the same
+            d[key] = [1 << (min(v, 2**i).bit_length() - 1) if v > 0 else v for i, v in enumerate(value)]
         elif key == "num_heads" and isinstance(value, int) and value > HEADS:
             d[key] = HEADS
         elif key == "image_size":
@@ -273,6 +423,12 @@ def shrink(fields: dict[str, Any], widths: set[int] | None = None) -> dict[str, 
                 d[key] = side
             elif isinstance(value, (list, tuple)) and all(isinstance(v, int) and v > side for v in value):
                 d[key] = [side] * len(value)
+        elif key.endswith("hidden_size") and key not in _NAMED and isinstance(value, int) and value > WIDTH:
+            d[key] = WIDTH  # a width by its name (output, projector or decoder width)
+        elif key.endswith(("intermediate_size", "ffn_hidden_size")) and key not in _NAMED and isinstance(value, int) and value > FFN:
+            d[key] = 32 if "expert" in key else FFN  # a feed-forward width by its name
+        elif key == "base_channels" and isinstance(value, int) and value > 32:
+            d[key] = 32  # the stage widths are base_channels times a multiplier; 32 keeps group norms of 32 groups
         elif key == "num_conv_pos_embeddings" and isinstance(value, int) and value > 16:
             d[key] = 16
         elif key.endswith(("_token_id", "_token_index")) and isinstance(value, int) and value >= VOCAB:
@@ -286,7 +442,7 @@ def shrink(fields: dict[str, Any], widths: set[int] | None = None) -> dict[str, 
             d[key] = _split(list(value), WIDTH)  # parts of the width (axial embeddings) keep summing to it
         elif key.endswith(("_features", "_channels")) and isinstance(value, list) and value and all(isinstance(v, int) for v in value) and value[-1] == old_width and old_width > WIDTH:
             d[key] = _scale_list(value[::-1], WIDTH)[::-1]  # stage widths ending at the model width end at the new one
-        elif "feature_layer" in key and (isinstance(value, int) or (isinstance(value, list) and all(isinstance(v, int) for v in value))):
+        elif ("feature_layer" in key or key.endswith("hook_ids")) and (isinstance(value, int) or (isinstance(value, list) and all(isinstance(v, int) for v in value))):
             d[key] = _clamp_layers(value)
 
     # fields derived from the depth: regenerated by the config class from the new depth
@@ -316,35 +472,113 @@ def shrink(fields: dict[str, Any], widths: set[int] | None = None) -> dict[str, 
     # group normalisation over stage widths that shrank below the group count
     if isinstance(d.get("num_groups"), int) and isinstance(d.get("hidden_sizes"), list) and d.get("hidden_sizes") != fields.get("hidden_sizes"):
         d["num_groups"] = 1
+    # compound-scaled convolution stacks: every channel count is scaled by width_coefficient (the last stage's
+    # 320 channels become 64, the projection width) and every stage's block count by depth_coefficient; the
+    # head width hidden_dim, a scaled channel count too, keeps its ratio to width_coefficient
+    old_coefficient = fields.get("width_coefficient")
+    if isinstance(old_coefficient, (int, float)) and old_coefficient > 0.2:
+        d["width_coefficient"] = 0.2
+        if isinstance(fields.get("hidden_dim"), int):
+            divisor = d.get("depth_divisor") if isinstance(d.get("depth_divisor"), int) else 8
+            d["hidden_dim"] = max(divisor, round(fields["hidden_dim"] * 0.2 / old_coefficient / divisor) * divisor)
+    if isinstance(d.get("depth_coefficient"), (int, float)) and d["depth_coefficient"] > 0.1:
+        d["depth_coefficient"] = 0.1
+    # convolution stages doubling num_filters per down-sampling ratio: the widest stage stays within 512 channels
+    ratios = d.get("downsampling_ratios") or d.get("upsampling_ratios")
+    if isinstance(d.get("num_filters"), int) and isinstance(ratios, list) and d["num_filters"] << len(ratios) > 512:
+        d["num_filters"] = max(1, 256 >> len(ratios))
+    # a last stage at output_stride that still cuts its feature map into patch_size patches: at least one patch
+    stride, patch, side = d.get("output_stride"), d.get("patch_size"), d.get("image_size")
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (stride, patch, side)) and side < stride * patch:
+        d["image_size"] = stride * patch
+    # shifted-window stages halving the patch grid: a window wider than the last stage's grid is clamped to
+    # that grid by the model while its relative-position table keeps the configured width, so the window
+    # becomes the last stage's side (at least 2, the image growing to give it)
+    window, patch, side, depths = d.get("window_size"), d.get("patch_size"), d.get("image_size"), d.get("depths")
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (window, patch, side)) and isinstance(depths, list) and depths:
+        last = (side // patch) >> (len(depths) - 1)
+        if last < window:
+            if last < 2:
+                d["image_size"] = (2 * patch) << (len(depths) - 1)
+                last = 2
+            d["window_size"] = min(window, last)
     # square windows over the (smaller) image: the config checks image_size / num_windows against the window side
     if isinstance(d.get("num_windows"), int) and d["num_windows"] > 4:
         d["num_windows"] = 4
+    if isinstance(d.get("num_windows_side"), int) and isinstance(d.get("num_windows"), int):
+        d["num_windows_side"] = max(1, math.isqrt(d["num_windows"]))  # num_windows counts the windows of a square grid
+    # ... and the patch grid splits into num_windows windows a side, each at least 2 patches wide
+    windows, patch, side = d.get("num_windows"), _side(d.get("patch_size")), _side(d.get("image_size"))
+    if isinstance(windows, int) and windows > 0 and patch and side and isinstance(d["image_size"], int):
+        grid = side // patch
+        if grid < 2 * windows or grid % windows:
+            d["image_size"] = patch * windows * max(2, -(-grid // windows))
+    # a vision tower whose patch grid is pixel-shuffled by scale_factor: the grid side divides by it
+    scale = d.get("scale_factor")
+    vision = d.get("vision_config") if isinstance(d.get("vision_config"), dict) else d
+    if isinstance(scale, int) and not isinstance(scale, bool) and scale > 1:
+        patch, side = _side(vision.get("patch_size")), _side(vision.get("image_size"))
+        if patch and side and isinstance(vision["image_size"], int) and (side // patch) % scale:
+            vision["image_size"] = patch * scale * max(1, -(-(side // patch) // scale))
     # grouped routing: the (fewer) experts still split into n_group groups, of which topk_group are kept
-    if isinstance(d.get("n_group"), int) and d["n_group"] > 2:
-        d["n_group"] = 2
-        if isinstance(d.get("topk_group"), int):
-            d["topk_group"] = min(d["topk_group"], 1)
+    for key in ("n_group", "num_expert_group"):
+        if isinstance(d.get(key), int) and d[key] > 2:
+            d[key] = 2
+            if isinstance(d.get("topk_group"), int):
+                d["topk_group"] = min(d["topk_group"], 1)
     # fields the defaults leave unset that the model needs
     if "vocab_size" in d and d["vocab_size"] is None:
         d["vocab_size"] = VOCAB
+    kinds = d.get("layer_types") if isinstance(d.get("layer_types"), list) else []
+    if "sliding_window" in d and d["sliding_window"] is None and any("sliding" in str(kind) for kind in kinds):
+        d["sliding_window"] = 4  # sliding-window layers the defaults give no window: narrower than the inputs
     if "prediction_length" in d and d["prediction_length"] is None:
         d["prediction_length"] = 4
-    if any(isinstance(d.get(k), int) for k in _SMALL_FFN_KEYS):
-        for key in _EXPERT_KEYS:
+    # a mixture whose counts the defaults leave unset (the expert width declared, set or not)
+    if any(k in d and (d[k] is None or isinstance(d[k], int)) for k in _SMALL_FFN_KEYS) and any(k in d for k in _EXPERT_KEYS):
+        for key in _EXPERT_KEYS | _SMALL_FFN_KEYS:
             if key in d and d[key] is None:
-                d[key] = EXPERTS
+                d[key] = EXPERTS if key in _EXPERT_KEYS else 32
+    if any(isinstance(d.get(k), int) and d[k] > 0 for k in _EXPERT_KEYS):
+        for key in _TOPK_KEYS:
+            if key in d and d[key] is None:
+                d[key] = 2
+        if "n_shared_experts" in d and d["n_shared_experts"] is None:
+            d["n_shared_experts"] = 1
     # query / key-value head ratio
-    new_heads = next((d[k] for k in _HEAD_KEYS if isinstance(d.get(k), int) and d[k] > 0), None)
+    new_heads = next((d[k] for k in (*_HEAD_KEYS, "num_heads") if isinstance(d.get(k), int) and d[k] > 0), None)
+    if old_heads and new_heads and "num_key_value_heads" in d and d["num_key_value_heads"] is None:
+        d["num_key_value_heads"] = old_heads  # unset: one key/value head per query head, as the configs read it
     for key in _KV_HEAD_KEYS:
         kv = d.get(key)
-        if isinstance(kv, int) and kv > 0 and old_heads and new_heads:
-            ratio = max(1, old_heads // kv)
-            new_kv = max(1, new_heads // ratio)
-            while new_heads % new_kv:
+        # the query heads of the same side (encoder_/decoder_) when the config names them apart
+        side = key[: key.index("num_")] if key.startswith(("encoder_", "decoder_")) else ""
+        pair = side + "num_attention_heads"
+        old_q = fields.get(pair) if side and isinstance(fields.get(pair), int) else old_heads
+        new_q = d.get(pair) if side and isinstance(d.get(pair), int) else new_heads
+        if isinstance(kv, int) and kv > 0 and old_q and new_q:
+            ratio = max(1, old_q // kv)
+            new_kv = max(1, new_q // ratio)
+            while new_q % new_kv:
                 new_kv -= 1
             d[key] = new_kv
+    # key/value head counts under other names (per layer, or per attention kind) keep the ratio as well
+    for key, kv in list(d.items()):
+        if key in _KV_HEAD_KEYS or "key_value" not in key or "head" not in key or not (old_heads and new_heads):
+            continue
+        values = kv if isinstance(kv, list) else [kv]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+            scaled = []
+            for v in values:
+                new_kv = max(1, new_heads // max(1, old_heads // v))
+                while new_heads % new_kv:
+                    new_kv -= 1
+                scaled.append(new_kv)
+            d[key] = scaled if isinstance(kv, list) else scaled[0]
     # an explicit head_dim smaller than WIDTH/HEADS stays; a missing one follows from the width
     new_width = next((d[k] for k in ("hidden_size", "d_model", "n_embd") if isinstance(d.get(k), int) and d[k] > 0), None)
+    if "head_dim" in d and d["head_dim"] is None and new_width and new_heads and new_width % new_heads == 0:
+        d["head_dim"] = new_width // new_heads  # unset: some models read it without deriving it from the width
     if isinstance(d.get("d_head"), int) and new_width and new_heads:
         d["d_head"] = new_width // new_heads  # the config checks d_head == d_model // n_head
     # multi-head latent attention: a head_dim equal to the rotary part of the query/key heads follows it
@@ -362,7 +596,9 @@ def shrink(fields: dict[str, Any], widths: set[int] | None = None) -> dict[str, 
             section = _MROPE_RATIO
         if isinstance(section, list) and section and all(isinstance(v, int) for v in section):
             factor = rope.get("partial_rotary_factor") or d.get("partial_rotary_factor") or 1.0
-            rope["mrope_section"] = _split(section, int(head_dim * factor) // 2)
+            half = int(head_dim * factor) // 2
+            if half >= len(section):  # each section keeps at least one frequency
+                rope["mrope_section"] = _split(section, half)
     _shrink_query_counts(d)
     return d
 
