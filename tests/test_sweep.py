@@ -184,6 +184,20 @@ def test_audio_inputs_follow_the_front_end_and_the_codec_config() -> None:
     codec(input_values=waveform)
 
 
+def test_inputs_for_code_streams_and_query_placeholders() -> None:
+    from hf_exporters.sweep.inputs import BATCH, DECODER_SEQ, SEQ, build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    musicgen = build_model("MusicgenModel")  # one embedding table per codebook: codebooks stacked along the batch
+    assert tuple(build_inputs(musicgen)["input_ids"].shape) == (BATCH * musicgen.config.num_codebooks, SEQ)
+    dia = build_inputs(build_model("DiaModel"))  # one table for 9 channels of codes
+    assert tuple(dia["decoder_input_ids"].shape) == (BATCH, DECODER_SEQ, 9) and int(dia["decoder_input_ids"].max()) < 200
+    blip = build_model("Blip2Model")
+    token, queries = blip.config.image_token_index, blip.config.num_query_tokens
+    assert token == tiny.VOCAB - 1
+    ids = build_inputs(blip)["input_ids"]
+    assert tuple(ids.shape) == (BATCH, queries + SEQ)
+    assert (ids[:, :queries] == token).all() and not (ids[:, queries:] == token).any()
 
 
 def test_inputs_seed_the_draws_a_forward_would_make() -> None:

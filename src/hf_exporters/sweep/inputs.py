@@ -33,7 +33,7 @@ def _sub(config: Any, *names: str) -> Any:
 
 
 def _image(config: Any) -> torch.Tensor:
-    vision = _sub(config, "vision_config", "backbone_config", "encoder_config")
+    vision = _sub(config, "vision_config", "image_config", "backbone_config", "encoder_config")
     size = _get(vision, "image_size", default=None) or _get(config, "image_size", default=64)
     if isinstance(size, dict):
         size = size.get("height", 64)
@@ -127,6 +127,7 @@ def _features(model: torch.nn.Module, config: Any, frames: int | None = None) ->
 
     - whisper-like encoders (``max_source_positions`` with ``num_mel_bins``): ``(batch, mel, 2 * positions)``;
     - speech_to_text (``input_feat_per_channel``): ``(batch, 32, mel * input_channels)``;
+    - spectrograms read as images (``patch_embed_input_channels``): ``(batch, channels, 32, mel)``;
     - a front end ``Conv1d`` reading ``mel`` channels: ``(batch, mel, 32)``;
     - a front end ``Linear`` reading ``k * mel`` features with ``k > 1`` that the config does not stack itself
       (no ``subsampling_factor``/``num_stacked_frames`` equal to ``k``), or a ``feature_projection_input_dim`` in
@@ -144,6 +145,9 @@ def _features(model: torch.nn.Module, config: Any, frames: int | None = None) ->
     channels = _get(audio, "input_channels", default=1)
     if _get(audio, "input_feat_per_channel") is not None:  # speech_to_text: (batch, frames, features)
         return torch.randn(BATCH, count, mel * channels), 1
+    image_channels = _get(audio, "patch_embed_input_channels", default=None)
+    if image_channels is not None:  # a spectrogram as an image: (batch, channels, frames, mel)
+        return torch.randn(BATCH, int(image_channels), count, mel), 2
     if source and _get(audio, "num_mel_bins") is not None:  # whisper-like encoders: (batch, mel, 2 * positions)
         return torch.randn(BATCH, mel, 2 * source), 2
     layer = _front_end(model)
@@ -158,9 +162,18 @@ def _features(model: torch.nn.Module, config: Any, frames: int | None = None) ->
 
 
 def _audio_inputs(
-    model: torch.nn.Module, config: Any, names: set[str], generator: torch.Generator, samples: int | None, tokens: int | None
+    model: torch.nn.Module,
+    config: Any,
+    names: set[str],
+    generator: torch.Generator,
+    samples: int | None,
+    tokens: int | None,
+    mask: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """``input_features`` (:func:`_features`) and, when the forward takes it, ``input_features_mask``.
+
+    ``mask``: another name for the frame mask (a forward whose one ``attention_mask`` covers the features); the
+    stacked-frame and chunked layouts below apply to ``input_features_mask`` only.
 
     ``samples``: the length of the ``input_values`` built beside them, if any; a codec that reads both gets
     ``samples // hop_length`` frames, one per code. ``tokens``: the length of the ``input_ids`` built beside them,
@@ -187,6 +200,8 @@ def _audio_inputs(
             mel = int(_get(audio, "num_mel_bins", default=128))
             inputs["input_features"], time_axis = torch.randn(BATCH, mel, 2 * int(window), generator=generator), 2
         inputs["input_features_mask"] = torch.ones(BATCH, inputs["input_features"].shape[time_axis], dtype=torch.long)
+    elif mask is not None:
+        inputs[mask] = torch.ones(BATCH, features.shape[time_axis], dtype=torch.long)
     return inputs
 
 
@@ -196,6 +211,31 @@ def _code_streams(ids: torch.Tensor, config: Any, generator: torch.Generator) ->
     codebooks, size = int(config.num_codebooks), int(config.codebook_vocab_size)
     codes = torch.randint(0, max(1, min(size - 1, 200)), (*ids.shape, codebooks), generator=generator)
     return torch.cat([ids.unsqueeze(-1), codes], dim=-1)
+
+
+def _codebook_streams(model: torch.nn.Module, config: Any) -> int | None:
+    """How many code streams the model embeds one table each (a ``ModuleList`` of ``num_codebooks`` embeddings, the
+    streams stacked along the batch: ids ``(batch * num_codebooks, seq)``), or ``None``."""
+    count = next((int(c.num_codebooks) for c in _configs(config) if _get(c, "num_codebooks") is not None), None)
+    if not count:
+        return None
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count and all(isinstance(m, torch.nn.Embedding) for m in module):
+            return count
+    return None
+
+
+def _channel_table(model: torch.nn.Module, config: Any) -> tuple[int, int] | None:
+    """``(num_channels, vocab_size)`` of a decoder that embeds ``num_channels`` code streams in one table of
+    ``vocab_size * num_channels`` rows (its ids ``(batch, seq, num_channels)``), or ``None``."""
+    decoder = _sub(config, "decoder_config")
+    channels, size = _get(decoder, "num_channels"), _get(decoder, "vocab_size")
+    if decoder is config or not channels or not size or int(channels) < 2:
+        return None
+    rows = int(channels) * int(size)
+    if any(isinstance(m, torch.nn.Embedding) and m.num_embeddings == rows for m in model.modules()):
+        return int(channels), int(size)
+    return None
 
 
 def _waveform(model: torch.nn.Module, config: Any, generator: torch.Generator) -> torch.Tensor:
@@ -311,7 +351,16 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
       ``audio_mel`` ``(batch, frames, mel)`` with ``audio_mel_mask`` (all False: no padding);
     - ``decoder_input_values`` ``(batch, 4, hidden_size)`` beside ``input_values`` that are hidden states;
     - ``input_ids`` ``(batch, seq, 1 + num_codebooks)`` when the config has ``codebook_vocab_size``: the text token
-      and one audio code per codebook;
+      and one audio code per codebook; a model with one embedding table per codebook reads its ids (the decoder's
+      ``decoder_input_ids`` for an encoder-decoder) as ``(batch * num_codebooks, seq)`` (:func:`_codebook_streams`),
+      a decoder with one table for ``num_channels`` streams reads ``decoder_input_ids`` ``(batch, 4, num_channels)``
+      (:func:`_channel_table`);
+    - an encoder-decoder taking both ``input_ids`` and ``input_features`` (alternative encoder inputs) gets the
+      features only, its ``attention_mask`` ``(batch, frames)`` covering them;
+    - image queries spliced into the text (config ``num_query_tokens`` and an image token id): ``input_ids`` and
+      ``attention_mask`` lengthened by ``num_query_tokens`` placeholder tokens in front;
+    - a required ``hidden_states`` read by a ``Conv1d`` front end: latents ``(batch, hidden_size, 8)`` when it reads
+      ``hidden_size`` channels, else the waveform of :func:`_waveform`;
     - time series: ``past_values`` ``(batch, context_length[, num_input_channels])`` (a long context is cut to
       four patches), ``past_values_padding`` ``(batch, context)`` of zeros, ``freq`` ``(batch, 1)`` = 0;
     - required ``inputs_embeds``/``noise_embeds``/``context_hidden_states``: ``(batch, seq, hidden_size)``;
@@ -380,12 +429,19 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     if "pixel_values" in names and "pixel_values" not in inputs and (main == "pixel_values" or "pixel_values" in required or not placeholder_image or "input_ids" not in inputs):
         if _is_video(config):
             inputs["pixel_values"] = _video(config, generator)
-        elif "image_attention_mask" in names:  # several images per sample: (batch, images, channels, height, width)
+        elif "image_attention_mask" in names and "bool_masked_pos" not in names:  # several images per sample: (batch, images, channels, height, width)
             inputs["pixel_values"] = _image(config).unsqueeze(1)
             if "input_ids" in inputs:
                 inputs["image_attention_mask"] = torch.ones(BATCH, SEQ, 1, dtype=torch.long)
         else:
             inputs["pixel_values"] = _image(config)
+    queries, image_token = _get(config, "num_query_tokens"), _get(config, "image_token_id", "image_token_index")
+    if queries and image_token is not None and "pixel_values" in inputs and "input_ids" in inputs and inputs["input_ids"].dim() == 2:
+        # the querying transformer's outputs replace num_query_tokens placeholders, put before the text
+        placeholders = torch.full((BATCH, int(queries)), int(image_token), dtype=torch.long)
+        inputs["input_ids"] = torch.cat([placeholders, inputs["input_ids"]], dim=1)
+        if "attention_mask" in inputs:
+            inputs["attention_mask"] = torch.ones(inputs["input_ids"].shape, dtype=torch.long)
     if "prompt_pixel_values" in required and "pixel_values" in inputs:
         # in-context segmentation: the model stacks image and prompt along the height, so each gets half of it
         image = inputs["pixel_values"]
@@ -424,7 +480,14 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     if "input_features" in names and (main == "input_features" or "input_features" in required or not placeholder_audio):
         samples = inputs["input_values"].shape[-1] if inputs.get("input_values") is not None and inputs["input_values"].dim() == 3 else None
         tokens = inputs["input_ids"].shape[1] if "input_ids" in inputs else None
-        inputs.update(_audio_inputs(model, config, names, generator, samples, tokens))
+        mask = None
+        if getattr(config, "is_encoder_decoder", False) and "input_ids" in inputs and "input_features_mask" not in names:
+            # text and speech are alternative encoder inputs: the speech encoder reads the features (batch, 32,
+            # width) and the one attention_mask (batch, 32) covers their frames
+            for name in ("input_ids", "attention_mask", "token_type_ids"):
+                inputs.pop(name, None)
+            tokens, mask = None, "attention_mask" if "attention_mask" in names else None
+        inputs.update(_audio_inputs(model, config, names, generator, samples, tokens, mask))
     if "input_ids" in inputs and _get(config, "codebook_vocab_size") and _get(config, "num_codebooks"):
         inputs["input_ids"] = _code_streams(inputs["input_ids"], config, generator)
     if "audio_mel" in required:  # (batch, frames, mel) with a padding mask (True = padded)
@@ -489,6 +552,21 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in names:
         dec_vocab = _get(config, "decoder_vocab_size", default=None) or vocab or 2
         inputs["decoder_input_ids"] = torch.randint(1, max(2, min(int(dec_vocab), 200)), (BATCH, DECODER_SEQ), generator=generator)
+    streams = _codebook_streams(model, config)
+    ids_name = "decoder_input_ids" if "decoder_input_ids" in inputs else "input_ids"
+    if streams and ids_name in inputs and inputs[ids_name].dim() == 2:  # (batch * num_codebooks, seq)
+        ids = inputs[ids_name]
+        inputs[ids_name] = torch.randint(1, int(ids.max()) + 1, (ids.shape[0] * streams, ids.shape[1]), generator=generator)
+    table = _channel_table(model, config) if "decoder_input_ids" in inputs else None
+    if table:  # (batch, seq, num_channels), each stream below the decoder's vocabulary
+        channels, size = table
+        inputs["decoder_input_ids"] = torch.randint(0, min(size, 200), (BATCH, DECODER_SEQ, channels), generator=generator)
+    if "hidden_states" in required and "hidden_states" not in inputs and isinstance(_front_end(model), torch.nn.Conv1d):
+        layer = _front_end(model)
+        if layer.in_channels == _get(config, "hidden_size"):  # a decoder fed latents: (batch, hidden_size, 8)
+            inputs["hidden_states"] = torch.randn(BATCH, layer.in_channels, SEQ, generator=generator)
+        else:  # an encoder fed the waveform
+            inputs["hidden_states"] = _waveform(model, config, generator)
     if not inputs and has_kwargs and vocab:
         inputs["input_ids"] = torch.randint(1, max(2, min(int(vocab), 200)), (BATCH, SEQ), generator=generator)
     if not inputs and "input_ids" in names and main == "input_ids":  # no vocabulary: character-level, code points

@@ -193,6 +193,11 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         {"intraclass_block_config": _intraclass_block()},
         "the defaults leave the intra-class block's convolutions unset",
     ),
+    "clap_audio_model": (
+        {"patch_embeds_hidden_size": WIDTH // 8},
+        "the audio tower doubles patch_embeds_hidden_size at each of its four stages and its projection reads"
+        " hidden_size: the two keep hidden_size = 8 * patch_embeds_hidden_size",
+    ),
     "dac": (
         {"encoder_hidden_size": 8},
         "the encoder doubles encoder_hidden_size at each of its down-sampling stages (64 -> 1024 channels)",
@@ -773,8 +778,20 @@ def _follow_image_size(original: dict[str, Any], shrunk: dict[str, Any], old_sid
                 shrunk[key] = follow(old)
 
 
+def _query_placeholder(fields: dict[str, Any]) -> None:
+    """A model that splices its ``num_query_tokens`` image queries into the text at placeholder tokens, with the
+    placeholder id left unset (``None`` compares the ids to ``None``): the id becomes the last of the vocabulary."""
+    if "num_query_tokens" not in fields:
+        return
+    for key in ("image_token_index", "image_token_id"):
+        if key in fields and fields[key] is None:
+            fields[key] = VOCAB - 1
+            return
+
+
 def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> Any:
-    """A tiny instance of ``config_class``: its defaults, shrunk by :func:`shrink`, then the family's
+    """A tiny instance of ``config_class``: its defaults, shrunk by :func:`shrink` (an unset query placeholder id
+    set by :func:`_query_placeholder`), then the family's
     :data:`FAMILY_OVERRIDES` and ``overrides``.
 
     Raises:
@@ -782,6 +799,7 @@ def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> 
     """
     default = config_class()
     fields = keep_width_relations(default.to_dict(), shrink(default.to_dict()))
+    _query_placeholder(fields)
     model_type = getattr(config_class, "model_type", "")
     if model_type in FAMILY_OVERRIDES:
         _merge(fields, FAMILY_OVERRIDES[model_type][0])
