@@ -278,3 +278,123 @@ def test_fix_ir_topk_sorted() -> None:
     assert onnx_module.apply_onnx_ir_fixes(model) == 1
     assert topk.attributes["sorted"].as_int() == 1
     assert _fix_ir_topk_sorted(graph) == 0  # already sorted
+
+
+def _onnx_parity(model: torch.nn.Module, inputs: dict[str, Any], tmp_path: Path) -> tuple[OnnxExporter, float]:
+    exporter = OnnxExporter()
+    path = exporter.save(exporter.export(model, inputs), tmp_path)
+    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-4)
+    return exporter, report.max_abs_diff
+
+
+class _VmapMask(torch.nn.Module):
+    """A sliding-window, padded bidirectional mask expanded the way ``sdpa_mask(use_vmap=True)`` does."""
+
+    def forward(self, x: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+        from transformers import masking_utils
+
+        def allowed(b: Any, h: Any, q: Any, kv: Any) -> Any:
+            return ((q - kv).abs() < 2) & padding[b, kv]
+
+        batch, length = padding.shape
+        arange = torch.arange(length)
+        mask = masking_utils._vmap_expansion_sdpa(allowed)(torch.arange(batch), torch.arange(1), arange, arange)
+        return torch.where(mask, x, torch.zeros_like(x))
+
+
+def test_vmap_mask_expansion_by_broadcast(tmp_path: Path) -> None:
+    from transformers import masking_utils
+
+    from hf_exporters.workarounds.onnx.torch_patches import _patch_mask_expansion_by_broadcast
+
+    padding = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    inputs = {"x": torch.randn(2, 1, 4, 4), "padding": padding}
+    # the same boolean mask as the four nested vmaps
+    vmapped = masking_utils._vmap_expansion_sdpa(lambda b, h, q, kv: (q >= kv) & padding[b, kv])
+    broadcast = _patch_mask_expansion_by_broadcast(masking_utils._vmap_expansion_sdpa)(lambda b, h, q, kv: (q >= kv) & padding[b, kv])
+    ids = (torch.arange(2), torch.arange(3), torch.arange(4), torch.arange(4))
+    assert broadcast(*ids).shape == (2, 3, 4, 4)
+    assert torch.equal(broadcast(*ids), vmapped(*ids))
+    original = masking_utils._vmap_expansion_sdpa
+    exporter, diff = _onnx_parity(_VmapMask(), inputs, tmp_path)
+    assert diff == 0.0
+    assert masking_utils._vmap_expansion_sdpa is original  # restored after the export
+
+
+class _ComplexRotary(torch.nn.Module):
+    """Rotary embedding in complex numbers: unsqueeze, expand, select and reshape of complex tensors."""
+
+    def forward(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+        batch, length, heads, width = x.shape
+        freqs = torch.polar(torch.ones_like(angles), angles)  # (L, W/2)
+        xc = torch.view_as_complex(x.float().reshape(batch, length, heads, width // 2, 2))
+        rotated = xc * freqs.unsqueeze(1).unsqueeze(0).expand(batch, -1, heads, -1)
+        first = rotated.select(2, 0).reshape(batch, -1)  # (B, L * W/2)
+        return torch.cat([torch.view_as_real(rotated).flatten(-2).flatten(1), torch.view_as_real(first).flatten(1)], dim=1)
+
+
+def test_fix_complex_shape_ops(tmp_path: Path) -> None:
+    inputs = {"x": torch.randn(2, 3, 2, 8), "angles": torch.randn(3, 4)}
+    exporter, diff = _onnx_parity(_ComplexRotary(), inputs, tmp_path)
+    assert diff < 1e-5
+    assert exporter.fx_fixes_applied >= 4  # unsqueeze x2, expand, select, reshape: each rewritten
+
+
+def test_fix_rsub_scalar(tmp_path: Path) -> None:
+    class Inverted(torch.nn.Module):
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return x * (1.0 - mask) + (2 - 3 * x)
+
+    inputs = {"x": torch.randn(2, 5), "mask": torch.tensor([[1, 1, 0, 0, 1], [0, 1, 1, 1, 1]])}
+    exporter, diff = _onnx_parity(Inverted(), inputs, tmp_path)
+    assert diff < 1e-6
+    traced = [n.target for n in exporter.exported_program.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.rsub.Scalar not in traced  # Stage 3 rewrote both
+
+
+def test_fix_sdpa_broadcast_kv_heads(tmp_path: Path) -> None:
+    class MultiQuery(torch.nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    inputs = {"q": torch.randn(2, 4, 5, 8), "k": torch.randn(2, 1, 5, 8), "v": torch.randn(2, 1, 5, 8)}
+    _, diff = _onnx_parity(MultiQuery(), inputs, tmp_path)
+    assert diff < 1e-5
+
+
+def test_fix_ir_reshape_to_empty_axis(tmp_path: Path) -> None:
+    class EmptyPart(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            kept, empty = x.split([4, 0], dim=-1)
+            return kept.view(2, 3, 2, 2), empty.view(2, 3, 2, 0)  # (B, S, heads, 0): a size-0 axis past x's rank
+
+    exporter, diff = _onnx_parity(EmptyPart(), {"x": torch.randn(2, 3, 4)}, tmp_path)
+    assert diff < 1e-6
+    assert exporter.ir_fixes_applied >= 1
+
+
+def test_fix_ir_reshape_leaves_copy_zeros_alone() -> None:
+    from hf_exporters.workarounds.onnx.ir_fixes import _fix_ir_reshape_to_empty_axis
+
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2, "n", 4]))
+    shape = ir.Value(name="shape", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([3]))
+    shape.const_value = ir.tensor(np.array([0, 0, 4], dtype=np.int64))
+    reshape = ir.Node("", "Reshape", [x, shape], num_outputs=1)
+    graph = ir.Graph([x], list(reshape.outputs), nodes=[reshape], opset_imports={"": 18})
+    assert _fix_ir_reshape_to_empty_axis(graph) == 0  # 0 facing axes of size 2 and n: "copy" is meant
+    assert "allowzero" not in reshape.attributes
+
+
+def test_output_number_constants_left_out(tmp_path: Path) -> None:
+    from hf_exporters.shapes import output_names
+
+    class WithSizes(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int], torch.Tensor]:
+            return x * 2, (x.shape[1], 7), x.sum(-1)
+
+    inputs = {"x": torch.randn(2, 3)}
+    exporter, diff = _onnx_parity(WithSizes(), inputs, tmp_path)
+    assert diff < 1e-6
+    assert output_names(exporter.exported_program) == ["0", "2"]
+    program = exporter.export(WithSizes(), inputs)
+    assert [v.name for v in program.model.graph.outputs] == ["0", "2"]

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch.export.graph_signature import OutputKind, TensorArgument
 
 __all__ = ["StaticAxis", "auto_dynamic_shapes", "clone_tree", "is_symbolic", "static_axes", "tensor_leaves"]
 
@@ -71,8 +72,13 @@ def output_names(exported_program: torch.export.ExportedProgram) -> list[str]:
     spec = exported_program.call_spec.out_spec
     if spec is None:
         return []
-    # placeholder tensors, not ints: a cache's generic flatten keeps only tensors as leaves
-    structure = pytree.tree_unflatten([torch.empty(0) for _ in range(spec.num_leaves)], spec)
+    # placeholder tensors for the tensor outputs (a cache's generic flatten keeps only tensors as
+    # leaves); a constant output (a size the trace fixed) keeps its value, so it is not named
+    leaves: list[Any] = [torch.empty(0) for _ in range(spec.num_leaves)]
+    user = [s for s in exported_program.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    if len(user) == spec.num_leaves:
+        leaves = [leaf if isinstance(s.arg, TensorArgument) else getattr(s.arg, "value", None) for leaf, s in zip(leaves, user)]
+    structure = pytree.tree_unflatten(leaves, spec)
     return [name or "output" for name, _ in tensor_leaves(structure)]
 
 

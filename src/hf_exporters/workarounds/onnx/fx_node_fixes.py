@@ -29,9 +29,145 @@ def _fix_view_as_reshape(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     Remove when: pytorch/pytorch#141107 is fixed in the torch version in use.
     Upstream: pytorch/pytorch#141107
     """
-    if node.target not in _VIEWS:
+    if node.target not in _VIEWS or _is_complex(node.args[0]):  # complex views keep torchlib's complex ``view``
         return False
     node.target = aten.reshape.default
+    return True
+
+
+def _is_complex(arg: object) -> bool:
+    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.is_complex()
+
+
+#: shape ops torchlib translates for real tensors only, with how their arguments follow the (…, 2) real view
+_COMPLEX_SHAPE_OPS = {
+    aten.unsqueeze.default: "new axis",
+    aten.select.int: "axis",
+    aten.expand.default: "sizes",
+    aten.reshape.default: "sizes",
+}
+
+
+@registry.register_fx_node_fix("onnx")
+def _fix_complex_shape_ops(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Run ``unsqueeze``/``select``/``expand``/``reshape`` of a complex tensor on its real view.
+
+    Pattern: rotary embeddings computed in complex numbers (``torch.polar`` frequencies,
+    ``view_as_complex(q.reshape(..., -1, 2)) * freqs.unsqueeze(1)``). torch.onnx carries a complex
+    tensor of shape S as a real tensor of shape (*S, 2) and needs a translation marked complex for every
+    op that touches one; torchlib has them for ``view``, ``permute``, ``mul``, ``cat`` and others but
+    not these four, so the lowering fails with "No ONNX function found for aten.unsqueeze.default ...
+    No decompositions registered for the complex-valued input". The fix rewrites the node as
+    ``view_as_complex(op(view_as_real(x), ...))`` with the axis counted from the front (so the
+    trailing real/imaginary axis stays last) or the sizes extended by 2: the same values, through
+    ops torchlib translates.
+    Models: DeepseekV2Model, Llama4TextModel, Llama4ForConditionalGeneration (onnx in the sweep).
+    Upstream: onnxscript torch_lib ops/core.py in onnxscript 0.7.2 registers ``complex=True``
+        translations for view/permute/slice/squeeze.dim but none for unsqueeze, select, expand or reshape
+        (no report found)
+    Remove when: torchlib registers complex translations of these ops.
+    """
+    if node.target not in _COMPLEX_SHAPE_OPS or not _is_complex(node.args[0]):
+        return False
+    source, rest = node.args[0], list(node.args[1:])
+    rank = source.meta["val"].dim()
+    kind = _COMPLEX_SHAPE_OPS[node.target]
+    if kind == "new axis":
+        rest[0] = rest[0] if rest[0] >= 0 else rest[0] + rank + 1
+    elif kind == "axis":
+        rest[0] = rest[0] if rest[0] >= 0 else rest[0] + rank
+    else:
+        rest[0] = [*rest[0], 2]
+    graph = gm.graph
+    with graph.inserting_before(node):
+        real = graph.call_function(aten.view_as_real.default, (source,))
+        real.meta["val"] = torch.view_as_real(source.meta["val"])
+        moved = graph.call_function(node.target, (real, *rest), dict(node.kwargs))
+        moved.meta["val"] = node.target(real.meta["val"], *rest, **node.kwargs)
+        back = graph.call_function(aten.view_as_complex.default, (moved,))
+        back.meta["val"] = torch.view_as_complex(moved.meta["val"])
+    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+        if key in node.meta:
+            for new in (real, moved, back):
+                new.meta[key] = node.meta[key]
+    node.replace_all_uses_with(back)
+    graph.erase_node(node)
+    return True
+
+
+@registry.register_fx_node_fix("onnx")
+def _fix_rsub_scalar(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Rewrite ``aten.rsub.Scalar(x, s, alpha)`` (``s - alpha * x``) as ``add(mul(x, -alpha), s)``.
+
+    Pattern: ``1.0 - attention_mask`` (a mask inverted before it is scaled). torch.export records
+    ``aten.rsub.Scalar``; the decomposition torch.onnx runs turns it into ``aten.sub.Tensor(1.0, x)``
+    (``torch._refs.rsub`` calls ``torch.sub(b, a)`` with the number first), which no ``aten.sub``
+    overload accepts: "Cannot find a compatible OpOverload for aten.sub with the provided arguments
+    ... Expected a value of type 'Tensor' for argument 'self' but instead found type 'float'".
+    ``mul`` then ``add`` with a Python number give the same values and the same result dtype (a
+    number operand promotes the tensor the same way in both).
+    Models: XLNetModel, ProphetNetModel (onnx in the sweep).
+    Upstream: torch/_refs/__init__.py ``rsub`` in torch 2.13 (no report found)
+    Remove when: the rsub decomposition emits a valid overload for a number operand.
+    """
+    if node.target is not aten.rsub.Scalar:
+        return False
+    source, number = node.args[0], node.args[1]
+    alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
+    graph = gm.graph
+    with graph.inserting_before(node):
+        scaled = graph.call_function(aten.mul.Tensor, (source, -alpha))
+        result = graph.call_function(aten.add.Tensor, (scaled, number))
+    source_val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if source_val is not None:
+        scaled.meta["val"] = source_val * -alpha
+        result.meta["val"] = scaled.meta["val"] + number
+    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+        if key in node.meta:
+            scaled.meta[key] = result.meta[key] = node.meta[key]
+    node.replace_all_uses_with(result)
+    graph.erase_node(node)
+    return True
+
+
+def _sdpa_heads(node: torch.fx.Node) -> tuple[object, object, object] | None:
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:3]]
+    if len(vals) < 3 or any(not isinstance(v, torch.Tensor) or v.dim() != 4 for v in vals):
+        return None
+    return vals[0].shape[1], vals[1].shape[1], vals[2].shape[1]
+
+
+@registry.register_fx_node_fix("onnx")
+def _fix_sdpa_broadcast_kv_heads(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Mark ``scaled_dot_product_attention`` with one key/value head as grouped-query attention.
+
+    Pattern: multi-query attention that relies on SDPA broadcasting: query (B, H, L, E) against key and
+    value (B, 1, S, E), without ``enable_gqa`` (Falcon's ``multi_query``). Eager broadcasts the head axis;
+    torch.onnx's opset-23 translation (``Attention``) requires equal head counts unless ``enable_gqa``
+    is set and fails with "SDPA (MHA) requires q_num_heads = kv_num_heads". With one key/value head,
+    grouped-query attention (each query head reads key/value head ``h // H``) is that broadcast, so
+    setting ``enable_gqa=True`` keeps the values and lets ``Attention`` take H query heads and 1
+    key/value head.
+    Models: FalconModel (onnx in the sweep) and other multi-query models calling SDPA directly.
+    Upstream: torch/onnx/_internal/exporter/_torchlib/ops/nn.py ``aten_scaled_dot_product_attention_23``
+        in torch 2.13 (no report found)
+    Remove when: the opset-23 SDPA translation broadcasts a single key/value head.
+    """
+    if node.target is not aten.scaled_dot_product_attention.default or node.kwargs.get("enable_gqa"):
+        return False
+    if len(node.args) > 7 and node.args[7]:
+        return False
+    heads = _sdpa_heads(node)
+    if heads is None or not all(isinstance(h, int) for h in heads):
+        return False
+    query_heads, key_heads, value_heads = heads
+    if not (key_heads == value_heads == 1 < query_heads):
+        return False
+    if len(node.args) > 7:
+        node.args = (*node.args[:7], True, *node.args[8:])
+    else:
+        node.kwargs = {**node.kwargs, "enable_gqa": True}
     return True
 
 

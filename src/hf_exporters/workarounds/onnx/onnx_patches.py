@@ -35,3 +35,30 @@ def _patch_decompose_with_registry(original: Callable[..., Any]) -> Callable[...
         return decomposed
 
     return decompose_with_registry
+
+
+@registry.register_patch("onnx", "torch.onnx._internal.exporter._core._handle_output_node")
+def _patch_output_node_constants(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Leave Python numbers in the program's outputs out of the ONNX graph outputs, as ``None`` is.
+
+    Pattern: a forward that returns sizes next to tensors (MaskFormerSwin's
+    ``hidden_states_spatial_dimensions``, a tuple of ints per stage). torch.export keeps them as
+    constant outputs of the program; torch.onnx's ``_handle_output_node`` skips ``None`` but reads
+    ``.name`` of every other output and fails with "'int' object has no attribute 'name'". An ONNX
+    graph output must be a tensor; the numbers are fixed by the trace, so the exported graph keeps the
+    tensor outputs only, and :func:`hf_exporters.shapes.output_names` names those alone (the same
+    leaves :func:`hf_exporters.shapes.tensor_leaves` gives of the eager output).
+    Models: MaskFormerSwinModel (onnx in the sweep) and other backbones that return feature-map sizes.
+    Upstream: torch/onnx/_internal/exporter/_core.py ``_handle_output_node`` in torch 2.13 (no report found)
+    Remove when: torch.onnx skips or materialises constant outputs.
+    """
+
+    def handle_output_node(node: Any, node_name_to_values: Any, graph_like: Any) -> Any:
+        import torch
+
+        outputs = node.args[0]
+        if isinstance(outputs, (tuple, list)) and any(o is not None and not isinstance(o, torch.fx.Node) for o in outputs):
+            node.args = (type(outputs)(o for o in outputs if o is None or isinstance(o, torch.fx.Node)), *node.args[1:])
+        return original(node, node_name_to_values, graph_like=graph_like)
+
+    return handle_output_node
