@@ -319,3 +319,29 @@ def test_patch_chunk_as_narrow_traces_views():
         patched = ops(torch.export.export(model, example))
     assert not {"aten.chunk.default", "aten.split.Tensor", "aten.split_with_sizes.default"} & patched
     assert "aten.narrow.default" in patched or "aten.slice.Tensor" in patched
+
+
+class _PatchShuffle(torch.nn.Module):
+    """Random patch masking as masked-image models do it: keep the patches with the lowest noise."""
+
+    def forward(self, patches: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ids_shuffle = torch.argsort(noise, dim=1)
+        ids_restore = ids_shuffle.argsort(dim=1)
+        kept = torch.gather(patches, 1, ids_shuffle[:, :3, None].expand(-1, -1, patches.shape[-1]))
+        return kept * 2, ids_restore
+
+
+def test_patch_argsort_as_topk(tmp_path):
+    model = _PatchShuffle()
+    generator = torch.Generator().manual_seed(3)
+    inputs = {"patches": torch.randn(2, 6, 4, generator=generator), "noise": torch.rand(2, 6, generator=generator)}
+    original = torch.argsort, torch.Tensor.argsort
+    with registry.apply_patches("executorch.xnnpack", select=lambda p: not p.startswith("executorch.")):
+        assert torch.argsort is not original[0]
+        assert torch.equal(torch.argsort(inputs["noise"], dim=1), inputs["noise"].argsort(dim=1, stable=True))
+        assert torch.equal(inputs["noise"].argsort(dim=0, descending=True), torch.sort(inputs["noise"], dim=0, descending=True).indices)
+    assert (torch.argsort, torch.Tensor.argsort) == original  # restored after the trace
+    exporter = ExecutorchExporter()
+    path = exporter.save(exporter.export(model, inputs), tmp_path)
+    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-5)
+    assert report.max_abs_diff == 0.0  # the same patches kept and the same restore order

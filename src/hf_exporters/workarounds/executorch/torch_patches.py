@@ -108,3 +108,30 @@ def _patch_split_as_narrow(original: Callable[..., Any]) -> Callable[..., Any]:
         return _narrowed(tensor, dim, sizes)
 
     return split
+
+
+@register_patch("executorch", "torch.argsort", "torch.Tensor.argsort")
+def _patch_argsort_as_topk(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Trace an unstable ``argsort`` as ``topk`` over the whole axis.
+
+    Pattern: random patch masking in masked-image models (``ids_shuffle = torch.argsort(noise, dim=1)``,
+    ``ids_restore = torch.argsort(ids_shuffle, dim=1)``). The program keeps ``aten.sort``, whose out
+    variant ``aten::sort.values`` has no kernel in ExecuTorch's portable library, so the ``.pte``
+    fails to load ("Failed to load method forward, error: 0x14", OperatorMissing).
+    ``topk(x, k=x.shape[dim], largest=descending, sorted=True).indices`` orders the axis the same
+    way through ``aten::topk.values``, which the portable library has. Only the default
+    ``stable=False`` is rewritten: for equal values neither op promises an order, while
+    ``stable=True`` is left to the original.
+    Models: ViTMAEModel (executorch in the sweep) and other models shuffling patches by argsort.
+    Upstream: pytorch/executorch kernels/portable (no ``sort`` kernel in executorch 1.4.1; no report found)
+    Remove when: ExecuTorch's portable library registers ``aten::sort.values``.
+    """
+
+    def argsort(tensor: Any, dim: int = -1, descending: bool = False, stable: bool = False) -> Any:
+        if stable or tensor.dim() == 0:
+            return original(tensor, dim=dim, descending=descending, stable=stable)
+        import torch
+
+        return torch.topk(tensor, tensor.shape[dim], dim=dim, largest=descending, sorted=True).indices
+
+    return argsort
