@@ -345,3 +345,22 @@ def test_patch_argsort_as_topk(tmp_path):
     path = exporter.save(exporter.export(model, inputs), tmp_path)
     (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-5)
     assert report.max_abs_diff == 0.0  # the same patches kept and the same restore order
+
+
+def test_missing_operator_kernels_are_named(tmp_path, monkeypatch):
+    """Without the argsort patch the program calls aten::sort.values; loading it names the operator."""
+    monkeypatch.setattr(registry, "_REGISTRY", [w for w in registry._REGISTRY if w.func.__name__ != "_patch_argsort_as_topk"])
+
+    class Argsort(torch.nn.Module):
+        def forward(self, x):
+            return torch.argsort(x, dim=1)
+
+    exporter = ExecutorchExporter()
+    path = exporter.save(exporter.export(Argsort(), {"x": torch.rand(2, 5)}), tmp_path / "nested")
+    with pytest.raises(RuntimeError) as caught:
+        exporter.load_runner(path)
+    assert str(caught.value) == (
+        "Failed to load method forward, error: 0x:14: the program calls operators this ExecuTorch runtime has no "
+        "kernel for: aten::sort.values (rewrite them at export with a patch or FX fix into ops the kernel library "
+        "has, or link a kernel library that registers them)"
+    )

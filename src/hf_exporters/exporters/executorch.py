@@ -61,6 +61,7 @@ class ExecutorchExporter(DynamoExporter):
     def save(self, program: Any, directory: str | os.PathLike[str]) -> Path:
         """Write ``program.buffer`` as ``directory/model.pte`` and return the path."""
         path = Path(directory) / self.artifact_name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(program.buffer)
         return path
 

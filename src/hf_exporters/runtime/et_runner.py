@@ -29,6 +29,24 @@ def flat_inputs(inputs: dict[str, Any]) -> list[Any]:
     return flat
 
 
+def missing_operators(pte: str | os.PathLike[str] | bytes, runtime: Any) -> list[str]:
+    """Operators (``aten::sort.values``) that the non-delegated part of the ``.pte`` program calls and
+    ``runtime`` (an ``executorch.runtime.Runtime``) registers no kernel for, in program order.
+
+    ExecuTorch reports them only as ``OperatorMissing`` (error 0x14) when a method is loaded."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    data = bytes(pte) if isinstance(pte, (bytes, bytearray)) else open(pte, "rb").read()
+    registered = set(runtime.operator_registry.operator_names)
+    missing: list[str] = []
+    for plan in deserialize_pte_binary(data).program.execution_plan:
+        for operator in plan.operators:
+            name = f"{operator.name}.{operator.overload}" if operator.overload else operator.name
+            if name not in registered and name not in missing:
+                missing.append(name)
+    return missing
+
+
 #: the constant method the exporter stores (kept in sync with hf_exporters.exporters.executorch)
 INPUT_MUTATIONS_METHOD = "hf_exporters_input_mutation_outputs"
 
@@ -46,7 +64,17 @@ class ExecutorchRunner:
         self.runtime = runtime_module.Runtime.get()
         data: Any = bytes(path) if isinstance(path, (bytes, bytearray)) else str(path)
         self.program = self.runtime.load_program(data)
-        self.method = self.program.load_method(method)
+        try:
+            self.method = self.program.load_method(method)
+        except RuntimeError as error:
+            missing = missing_operators(path, self.runtime) if "0x14" in str(error).replace(":", "") else []
+            if not missing:
+                raise
+            raise RuntimeError(
+                f"{error}: the program calls operators this ExecuTorch runtime has no kernel for: "
+                f"{', '.join(missing)} (rewrite them at export with a patch or FX fix into ops the kernel "
+                "library has, or link a kernel library that registers them)"
+            ) from error
         if self.method is None:
             raise ValueError(f"the program has no method {method!r} (it has {sorted(self.program.method_names)})")
         # ExecuTorch returns the mutated user inputs (an updated StaticCache) before the model outputs;
