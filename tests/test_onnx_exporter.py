@@ -398,3 +398,15 @@ def test_output_number_constants_left_out(tmp_path: Path) -> None:
     assert output_names(exporter.exported_program) == ["0", "2"]
     program = exporter.export(WithSizes(), inputs)
     assert [v.name for v in program.model.graph.outputs] == ["0", "2"]
+
+
+def test_fix_squeeze_of_wide_axis(tmp_path: Path) -> None:
+    class Joint(torch.nn.Module):
+        def forward(self, encoder: torch.Tensor, decoder: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            joint = torch.tanh(encoder[:, :, None, :] + decoder[:, None, :, :])  # (B, T, U, D)
+            return joint.squeeze(2), joint[:, :1].squeeze((1, 2))  # a no-op, then (1, 2) where only axis 1 is 1
+
+    inputs = {"encoder": torch.randn(2, 4, 8), "decoder": torch.randn(2, 3, 8)}
+    exporter, diff = _onnx_parity(Joint(), inputs, tmp_path)
+    assert diff < 1e-6
+    assert exporter.fx_fixes_applied >= 2

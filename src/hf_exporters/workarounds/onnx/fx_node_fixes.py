@@ -171,6 +171,40 @@ def _fix_sdpa_broadcast_kv_heads(gm: torch.fx.GraphModule, node: torch.fx.Node) 
     return True
 
 
+@registry.register_fx_node_fix("onnx")
+def _fix_squeeze_of_wide_axis(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Drop the axes of ``squeeze(dim)`` whose size is known and not 1 (torch leaves them as they are).
+
+    Pattern: ``joint(encoder[:, :, None, :], decoder[:, None, :, :]).squeeze(2)`` in RNN-T/TDT joint
+    networks, where axis 2 is 1 only for a single decoder step: torch's ``squeeze(dim)`` is a no-op on
+    an axis of another size, but torch.onnx lowers it to ``Squeeze(axes=[2])`` and onnxruntime refuses
+    the model ("Op (Squeeze) [ShapeInferenceError] Dimension of input 2 must be 1 instead of 4"). The
+    fix removes such axes from the node (and the node itself when none is left), using the static size
+    the trace recorded; an axis of symbolic size is left to the lowering.
+    Models: ParakeetForRNNT, ParakeetForTDT, NemotronAsrStreamingForRNNT (onnx in the sweep).
+    Upstream: torch/onnx/_internal/exporter/_torchlib ``aten_squeeze_dim`` in torch 2.13 (no report found)
+    Remove when: torch.onnx lowers ``squeeze`` of a non-1 static axis to Identity.
+    """
+    if node.target not in (aten.squeeze.dim, aten.squeeze.dims):
+        return False
+    source = node.args[0]
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() == 0:
+        return False
+    dims = [node.args[1]] if node.target is aten.squeeze.dim else list(node.args[1])
+    rank = val.dim()
+    wide = [d for d in dims if isinstance(val.shape[d % rank], int) and val.shape[d % rank] != 1]
+    if not wide:
+        return False
+    kept = [d for d in dims if d not in wide]
+    if not kept:
+        node.replace_all_uses_with(source)
+        gm.graph.erase_node(node)
+    elif node.target is aten.squeeze.dims:
+        node.args = (source, kept)
+    return True
+
+
 _ASSERTS = (aten._assert_async.msg, aten._assert_async.default, aten._assert_scalar.default)
 
 
