@@ -294,6 +294,10 @@ def test_retry_reruns_jobs_whose_latest_record_ended_at_the_given_stage(tmp_path
         ("ParityError: the artifact returned 2 outputs where eager returns 3 (a, b, c)", "output structure mismatch"),
         ("RuntimeError: [ONNXRuntimeError] : 1 : FAIL : Load model failed", "onnxruntime error"),
         ("KeyError: 'foo'", "other: KeyError"),
+        ("ValueError: Ran into a kwarg keyword mismatch: Got the following keywords ['x'] but expected ['x', 'cu_seqlens']", "input mismatch"),
+        ("ImportError: transformers has no attribute VoxtralRealtimeTextModel", "class not importable"),
+        ("ImportError: TimmBackbone requires the timm library but it was not found in your environment", "missing dependency"),
+        ("RuntimeError: Given groups=1, weight of size [64, 1, 7], expected input[2, 3, 16] to have 1 channels, but got 3 channels instead", "shape error"),
     ],
 )
 def test_error_kinds(message: str, kind: str) -> None:
