@@ -338,12 +338,18 @@ def test_fix_complex_shape_ops(tmp_path: Path) -> None:
     exporter, diff = _onnx_parity(_ComplexRotary(), inputs, tmp_path)
     assert diff < 1e-5
     assert exporter.fx_fixes_applied >= 4  # unsqueeze x2, expand, select, reshape: each rewritten
+    # dynamic batch and length: the reshape and expand sizes are symbolic nodes
+    dynamic = OnnxExporter()
+    path = dynamic.save(dynamic.export(_ComplexRotary(), inputs, OnnxConfig(dynamic=True)), tmp_path / "dynamic")
+    other = {"x": torch.randn(3, 5, 2, 8), "angles": torch.randn(5, 4)}
+    reports = check_parity(_ComplexRotary(), dynamic.load_runner(path), [inputs, other], atol=1e-4)
+    assert all(r.max_abs_diff < 1e-5 for r in reports)
 
 
 def test_fix_rsub_scalar(tmp_path: Path) -> None:
     class Inverted(torch.nn.Module):
         def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return x * (1.0 - mask) + (2 - 3 * x)
+            return x * (1.0 - mask) + (2 - 3 * x) + (1.0 - mask.to(torch.uint8))  # uint8 must not wrap
 
     inputs = {"x": torch.randn(2, 5), "mask": torch.tensor([[1, 1, 0, 0, 1], [0, 1, 1, 1, 1]])}
     exporter, diff = _onnx_parity(Inverted(), inputs, tmp_path)
@@ -362,7 +368,7 @@ def test_fix_sdpa_broadcast_kv_heads(tmp_path: Path) -> None:
     assert diff < 1e-5
 
 
-def test_fix_ir_reshape_to_empty_axis(tmp_path: Path) -> None:
+def test_view_to_size_zero_axis_keeps_allowzero(tmp_path: Path) -> None:
     class EmptyPart(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             kept, empty = x.split([4, 0], dim=-1)
@@ -370,19 +376,9 @@ def test_fix_ir_reshape_to_empty_axis(tmp_path: Path) -> None:
 
     exporter, diff = _onnx_parity(EmptyPart(), {"x": torch.randn(2, 3, 4)}, tmp_path)
     assert diff < 1e-6
-    assert exporter.ir_fixes_applied >= 1
-
-
-def test_fix_ir_reshape_leaves_copy_zeros_alone() -> None:
-    from hf_exporters.workarounds.onnx.ir_fixes import _fix_ir_reshape_to_empty_axis
-
-    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2, "n", 4]))
-    shape = ir.Value(name="shape", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([3]))
-    shape.const_value = ir.tensor(np.array([0, 0, 4], dtype=np.int64))
-    reshape = ir.Node("", "Reshape", [x, shape], num_outputs=1)
-    graph = ir.Graph([x], list(reshape.outputs), nodes=[reshape], opset_imports={"": 18})
-    assert _fix_ir_reshape_to_empty_axis(graph) == 0  # 0 facing axes of size 2 and n: "copy" is meant
-    assert "allowzero" not in reshape.attributes
+    program = exporter.export(EmptyPart(), {"x": torch.randn(2, 3, 4)})
+    (empty,) = [n for n in program.model.graph if n.op_type == "Reshape" and n.outputs[0].shape[-1] == 0]
+    assert empty.attributes["allowzero"].as_int() == 1  # 0 is a size, not "copy this axis"
 
 
 def test_output_number_constants_left_out(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from torch.export.graph_signature import OutputKind, TensorArgument
+from torch.export.graph_signature import ConstantArgument, OutputKind
 
 __all__ = ["StaticAxis", "auto_dynamic_shapes", "clone_tree", "is_symbolic", "static_axes", "tensor_leaves"]
 
@@ -77,7 +77,7 @@ def output_names(exported_program: torch.export.ExportedProgram) -> list[str]:
     leaves: list[Any] = [torch.empty(0) for _ in range(spec.num_leaves)]
     user = [s for s in exported_program.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
     if len(user) == spec.num_leaves:
-        leaves = [leaf if isinstance(s.arg, TensorArgument) else getattr(s.arg, "value", None) for leaf, s in zip(leaves, user)]
+        leaves = [s.arg.value if isinstance(s.arg, ConstantArgument) else leaf for leaf, s in zip(leaves, user)]
     structure = pytree.tree_unflatten(leaves, spec)
     return [name or "output" for name, _ in tensor_leaves(structure)]
 

@@ -29,17 +29,22 @@ def flat_inputs(inputs: dict[str, Any]) -> list[Any]:
     return flat
 
 
-def missing_operators(pte: str | os.PathLike[str] | bytes, runtime: Any) -> list[str]:
-    """Operators (``aten::sort.values``) that the non-delegated part of the ``.pte`` program calls and
-    ``runtime`` (an ``executorch.runtime.Runtime``) registers no kernel for, in program order.
+def missing_operators(pte: str | os.PathLike[str] | bytes, runtime: Any, method: str = "forward") -> list[str]:
+    """Operators (``aten::sort.values``) that the non-delegated part of ``method`` in the ``.pte``
+    program calls and ``runtime`` (an ``executorch.runtime.Runtime``) registers no kernel for, in
+    program order.
 
     ExecuTorch reports them only as ``OperatorMissing`` (error 0x14) when a method is loaded."""
+    from pathlib import Path
+
     from executorch.exir._serialize._program import deserialize_pte_binary
 
-    data = bytes(pte) if isinstance(pte, (bytes, bytearray)) else open(pte, "rb").read()
+    data = bytes(pte) if isinstance(pte, (bytes, bytearray)) else Path(pte).read_bytes()
     registered = set(runtime.operator_registry.operator_names)
     missing: list[str] = []
     for plan in deserialize_pte_binary(data).program.execution_plan:
+        if plan.name != method:
+            continue
         for operator in plan.operators:
             name = f"{operator.name}.{operator.overload}" if operator.overload else operator.name
             if name not in registered and name not in missing:
@@ -67,7 +72,12 @@ class ExecutorchRunner:
         try:
             self.method = self.program.load_method(method)
         except RuntimeError as error:
-            missing = missing_operators(path, self.runtime) if "0x14" in str(error).replace(":", "") else []
+            missing: list[str] = []
+            if "0x14" in str(error).replace(":", ""):  # OperatorMissing
+                try:
+                    missing = missing_operators(path, self.runtime, method)
+                except Exception:  # noqa: BLE001 - the load error stays the one reported
+                    missing = []
             if not missing:
                 raise
             raise RuntimeError(

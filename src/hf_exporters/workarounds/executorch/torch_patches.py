@@ -110,6 +110,12 @@ def _patch_split_as_narrow(original: Callable[..., Any]) -> Callable[..., Any]:
     return split
 
 
+def torch_bool() -> Any:
+    import torch
+
+    return torch.bool
+
+
 @register_patch("executorch", "torch.argsort", "torch.Tensor.argsort")
 def _patch_argsort_as_topk(original: Callable[..., Any]) -> Callable[..., Any]:
     """Trace an unstable ``argsort`` as ``topk`` over the whole axis.
@@ -119,19 +125,20 @@ def _patch_argsort_as_topk(original: Callable[..., Any]) -> Callable[..., Any]:
     variant ``aten::sort.values`` has no kernel in ExecuTorch's portable library, so the ``.pte``
     fails to load ("Failed to load method forward, error: 0x14", OperatorMissing).
     ``topk(x, k=x.shape[dim], largest=descending, sorted=True).indices`` orders the axis the same
-    way through ``aten::topk.values``, which the portable library has. Only the default
-    ``stable=False`` is rewritten: for equal values neither op promises an order, while
-    ``stable=True`` is left to the original.
+    way through ``aten::topk.values``, which the portable library has. Equal keys are the one
+    difference: their order is unspecified for ``stable=False`` in both ops and may differ from eager's
+    (noise and permutation indices, the pattern here, have none), while ``stable=True`` and bool keys
+    (``topk`` refuses bool) are left to the original, which then fails to load as before.
     Models: ViTMAEModel (executorch in the sweep) and other models shuffling patches by argsort.
     Upstream: pytorch/executorch kernels/portable (no ``sort`` kernel in executorch 1.4.1; no report found)
     Remove when: ExecuTorch's portable library registers ``aten::sort.values``.
     """
 
-    def argsort(tensor: Any, dim: int = -1, descending: bool = False, stable: bool = False) -> Any:
-        if stable or tensor.dim() == 0:
-            return original(tensor, dim=dim, descending=descending, stable=stable)
+    def argsort(input: Any, dim: int = -1, descending: bool = False, stable: bool = False) -> Any:  # noqa: A002 - torch's name
+        if stable or input.dim() == 0 or input.dtype == torch_bool():
+            return original(input, dim=dim, descending=descending, stable=stable)
         import torch
 
-        return torch.topk(tensor, tensor.shape[dim], dim=dim, largest=descending, sorted=True).indices
+        return torch.topk(input, input.shape[dim], dim=dim, largest=descending, sorted=True).indices
 
     return argsort

@@ -25,11 +25,18 @@ def _fix_view_as_reshape(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     pass re-runs the graph with fake tensors whose SDPA output is contiguous, and the ``view`` then
     fails with "Cannot view a tensor with shape ... and strides ...". ONNX has no strides: view and
     reshape both lower to ``Reshape``, and reshape never fails on a layout.
+    A view to a size-0 axis is kept: onnxscript's ``aten_view`` emits ``Reshape(allowzero=1)`` and its
+    ``aten_reshape`` a plain ``Reshape``, where onnxruntime reads the 0 as "copy this axis" ("Op (Reshape)
+    [ShapeInferenceError] Invalid position of 0", Glm5NextModel with ``qk_rope_head_dim = 0``).
     Models: SwinModel (window attention), and any model reshaping a transposed SDPA output.
     Remove when: pytorch/pytorch#141107 is fixed in the torch version in use.
     Upstream: pytorch/pytorch#141107
     """
     if node.target not in _VIEWS or _is_complex(node.args[0]):  # complex views keep torchlib's complex ``view``
+        return False
+    if any(size == 0 for size in node.args[1] if isinstance(size, int)):
+        # a size-0 axis (``rope.view(b, s, h, 0)`` when a head split leaves an empty part): torchlib lowers
+        # ``view`` with allowzero=1 but ``reshape`` without it, where 0 would mean "copy this axis"
         return False
     node.target = aten.reshape.default
     return True
@@ -84,7 +91,8 @@ def _fix_complex_shape_ops(gm: torch.fx.GraphModule, node: torch.fx.Node) -> boo
         real = graph.call_function(aten.view_as_real.default, (source,))
         real.meta["val"] = torch.view_as_real(source.meta["val"])
         moved = graph.call_function(node.target, (real, *rest), dict(node.kwargs))
-        moved.meta["val"] = node.target(real.meta["val"], *rest, **node.kwargs)
+        example = torch.fx.node.map_arg(rest, lambda arg: arg.meta["val"])  # sym_size nodes -> SymInts
+        moved.meta["val"] = node.target(real.meta["val"], *example, **node.kwargs)
         back = graph.call_function(aten.view_as_complex.default, (moved,))
         back.meta["val"] = torch.view_as_complex(moved.meta["val"])
     for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
@@ -105,8 +113,8 @@ def _fix_rsub_scalar(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     (``torch._refs.rsub`` calls ``torch.sub(b, a)`` with the number first), which no ``aten.sub``
     overload accepts: "Cannot find a compatible OpOverload for aten.sub with the provided arguments
     ... Expected a value of type 'Tensor' for argument 'self' but instead found type 'float'".
-    ``mul`` then ``add`` with a Python number give the same values and the same result dtype (a
-    number operand promotes the tensor the same way in both).
+    The tensor is first cast to rsub's result dtype (so an unsigned or narrow integer ``x`` cannot wrap
+    in ``x * -alpha``); ``mul`` then ``add`` with the Python number then give rsub's values.
     Models: XLNetModel, ProphetNetModel (onnx in the sweep).
     Upstream: torch/_refs/__init__.py ``rsub`` in torch 2.13 (no report found)
     Remove when: the rsub decomposition emits a valid overload for a number operand.
@@ -115,17 +123,25 @@ def _fix_rsub_scalar(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         return False
     source, number = node.args[0], node.args[1]
     alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
-    graph = gm.graph
-    with graph.inserting_before(node):
-        scaled = graph.call_function(aten.mul.Tensor, (source, -alpha))
-        result = graph.call_function(aten.add.Tensor, (scaled, number))
     source_val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
-    if source_val is not None:
-        scaled.meta["val"] = source_val * -alpha
+    if not isinstance(source_val, torch.Tensor) or not all(isinstance(v, (int, float)) for v in (number, alpha)):
+        return False  # a symbolic number: left to the lowering
+    dtype = node.meta["val"].dtype if isinstance(node.meta.get("val"), torch.Tensor) else torch.result_type(source_val, number)
+    graph = gm.graph
+    added = []
+    with graph.inserting_before(node):
+        if source_val.dtype != dtype:  # promote first, as rsub does: an unsigned x must not wrap in x * -alpha
+            source = graph.call_function(aten._to_copy.default, (source,), {"dtype": dtype})
+            source.meta["val"] = source_val.to(dtype)
+            added.append(source)
+        scaled = graph.call_function(aten.mul.Tensor, (source, -alpha))
+        scaled.meta["val"] = source.meta["val"] * -alpha
+        result = graph.call_function(aten.add.Tensor, (scaled, number))
         result.meta["val"] = scaled.meta["val"] + number
     for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
         if key in node.meta:
-            scaled.meta[key] = result.meta[key] = node.meta[key]
+            for new in (*added, scaled, result):
+                new.meta[key] = node.meta[key]
     node.replace_all_uses_with(result)
     graph.erase_node(node)
     return True
@@ -182,7 +198,7 @@ def _fix_squeeze_of_wide_axis(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     fix removes such axes from the node (and the node itself when none is left), using the static size
     the trace recorded; an axis of symbolic size is left to the lowering.
     Models: ParakeetForRNNT, ParakeetForTDT, NemotronAsrStreamingForRNNT (onnx in the sweep).
-    Upstream: torch/onnx/_internal/exporter/_torchlib ``aten_squeeze_dim`` in torch 2.13 (no report found)
+    Upstream: onnxscript function_libs/torch_lib/ops/core.py ``aten_squeeze_dim`` in onnxscript 0.7.2 (no report found)
     Remove when: torch.onnx lowers ``squeeze`` of a non-1 static axis to Identity.
     """
     if node.target not in (aten.squeeze.dim, aten.squeeze.dims):

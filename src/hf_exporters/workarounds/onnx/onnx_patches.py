@@ -56,9 +56,13 @@ def _patch_output_node_constants(original: Callable[..., Any]) -> Callable[..., 
     def handle_output_node(node: Any, node_name_to_values: Any, graph_like: Any) -> Any:
         import torch
 
-        outputs = node.args[0]
-        if isinstance(outputs, (tuple, list)) and any(o is not None and not isinstance(o, torch.fx.Node) for o in outputs):
-            node.args = (type(outputs)(o for o in outputs if o is None or isinstance(o, torch.fx.Node)), *node.args[1:])
-        return original(node, node_name_to_values, graph_like=graph_like)
+        outputs, args = node.args[0], node.args
+        if not (isinstance(outputs, (tuple, list)) and any(o is not None and not isinstance(o, torch.fx.Node) for o in outputs)):
+            return original(node, node_name_to_values, graph_like=graph_like)
+        node.args = (type(outputs)(o for o in outputs if o is None or isinstance(o, torch.fx.Node)), *args[1:])
+        try:
+            return original(node, node_name_to_values, graph_like=graph_like)
+        finally:
+            node.args = args  # the program's output node keeps matching its output specs
 
     return handle_output_node
