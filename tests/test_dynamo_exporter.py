@@ -159,3 +159,39 @@ def test_concurrent_exports_in_threads(minilm):
     assert errors == [] and len(programs) == 3
     diffs = [check_parity(model, ExportedProgramRunner(p), [inputs], atol=1e-4)[0].max_abs_diff for p in programs]
     assert max(diffs) < 1e-5
+
+
+class _CastsItsClassifier(torch.nn.Module):
+    """A router that casts its classifier in forward, as SwitchTransformers' does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.classifier = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.classifier = self.classifier.to(torch.float32)
+        return self.classifier(x).softmax(-1)
+
+
+def test_patch_module_to_noop(tmp_path):
+    from hf_exporters import registry
+
+    model, inputs = _CastsItsClassifier(), {"x": torch.randn(2, 4)}
+    without = [w for w in registry._REGISTRY if w.func.__name__ != "_patch_module_to_noop"]
+    original = registry._REGISTRY[:]
+    registry._REGISTRY[:] = without
+    try:
+        with pytest.raises(ExportStageError, match="Couldn't swap Linear.weight"):
+            DynamoExporter().export(model, inputs)
+    finally:
+        registry._REGISTRY[:] = original
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs)
+    runner = exporter.load_runner(exporter.save(program, tmp_path))
+    (report,) = check_parity(model, runner, [inputs], atol=1e-6)
+    assert report.max_abs_diff == 0.0
+    assert torch.nn.Module.to.__qualname__ == "Module.to"  # restored after the trace
+    # a real cast still goes through Module.to (and is not a no-op)
+    with registry.apply_patches("dynamo"):
+        assert model.to(torch.float64).classifier.weight.dtype == torch.float64

@@ -99,3 +99,34 @@ def _patch_cache_is_compileable(_original: Any) -> property:
     Remove when: transformers skips the ``q_length == 1`` test while exporting.
     """
     return property(lambda self: False)
+
+
+@register_patch("dynamo", "torch.nn.Module.to")
+def _patch_module_to_noop(original: Any) -> Any:
+    """Return the module itself from ``Module.to(...)`` when no parameter or buffer would change.
+
+    Pattern: a forward that casts a submodule on every call (``self.classifier =
+    self.classifier.to(self.dtype)`` in SwitchTransformers' router). While tracing, the parameters are
+    fake tensors and ``Module._apply`` tries to swap each one for its cast copy, which fails with
+    "_apply(): Couldn't swap Linear.weight" even when the dtype and device are already the requested
+    ones. When every floating-point parameter and buffer already has the requested dtype and every
+    tensor the requested device, ``to`` changes nothing in eager, so returning the module is the same
+    module; any real cast or move still goes to ``Module.to``.
+    Models: SwitchTransformersModel, SwitchTransformersForConditionalGeneration.
+    Upstream: pytorch/pytorch ``torch/nn/modules/module.py`` ``_apply`` with ``swap_tensors`` on fake
+        parameters (no report found); model-side, casting a submodule inside forward
+    Remove when: transformers casts the router once at init, or ``_apply`` skips unchanged tensors.
+    """
+
+    def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        if memory_format is not None:
+            return original(self, *args, **kwargs)
+        for tensor in (*self.parameters(), *self.buffers()):
+            if device is not None and tensor.device != device:
+                return original(self, *args, **kwargs)
+            if dtype is not None and (tensor.is_floating_point() or tensor.is_complex()) and tensor.dtype != dtype:
+                return original(self, *args, **kwargs)
+        return self
+
+    return to
