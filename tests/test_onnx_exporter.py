@@ -298,14 +298,15 @@ class _VmapMask(torch.nn.Module):
 
         batch, length = padding.shape
         arange = torch.arange(length)
-        mask = masking_utils._vmap_expansion_sdpa(allowed)(torch.arange(batch), torch.arange(1), arange, arange)
+        with masking_utils.TransformGetItemToIndex():  # as sdpa_mask(use_vmap=True) calls it
+            mask = masking_utils._vmap_expansion_sdpa(allowed)(torch.arange(batch), torch.arange(1), arange, arange)
         return torch.where(mask, x, torch.zeros_like(x))
 
 
 def test_vmap_mask_expansion_by_broadcast(tmp_path: Path) -> None:
     from transformers import masking_utils
 
-    from hf_exporters.workarounds.onnx.torch_patches import _patch_mask_expansion_by_broadcast
+    from hf_exporters.workarounds.dynamo.model_patches import _patch_mask_expansion_by_broadcast
 
     padding = torch.tensor([[True, True, True, False], [True, True, False, False]])
     inputs = {"x": torch.randn(2, 1, 4, 4), "padding": padding}
@@ -315,10 +316,15 @@ def test_vmap_mask_expansion_by_broadcast(tmp_path: Path) -> None:
     ids = (torch.arange(2), torch.arange(3), torch.arange(4), torch.arange(4))
     assert broadcast(*ids).shape == (2, 3, 4, 4)
     assert torch.equal(broadcast(*ids), vmapped(*ids))
-    original = masking_utils._vmap_expansion_sdpa
+    original = masking_utils._vmap_expansion_sdpa, masking_utils.TransformGetItemToIndex
     exporter, diff = _onnx_parity(_VmapMask(), inputs, tmp_path)
     assert diff == 0.0
-    assert masking_utils._vmap_expansion_sdpa is original  # restored after the export
+    assert (masking_utils._vmap_expansion_sdpa, masking_utils.TransformGetItemToIndex) == original  # restored
+    # the dynamo backend writes the .pt2 (no flat_apply node left to serialise) and loads it back
+    dynamo = DynamoExporter()
+    path = dynamo.save(dynamo.export(_VmapMask(), inputs), tmp_path / "pt2")
+    (report,) = check_parity(_VmapMask(), dynamo.load_runner(path), [inputs], atol=1e-6)
+    assert report.max_abs_diff == 0.0
 
 
 class _ComplexRotary(torch.nn.Module):

@@ -115,6 +115,7 @@ class DynamoExporter:
     def save(self, program: Any, directory: str | os.PathLike[str]) -> Path:
         """Write ``program`` as ``directory/model.pt2`` (``torch.export.save``) and return the path."""
         path = Path(directory) / self.artifact_name
+        path.parent.mkdir(parents=True, exist_ok=True)
         saved_examples = program.example_inputs
         program.example_inputs = None  # example caches would be pickled; the artifact does not need them
         try:

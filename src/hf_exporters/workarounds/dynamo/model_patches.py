@@ -5,6 +5,7 @@ These run for every backend: the ONNX and ExecuTorch exporters trace through Dyn
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -130,3 +131,53 @@ def _patch_module_to_noop(original: Any) -> Any:
         return self
 
     return to
+
+
+@register_patch("dynamo", "transformers.masking_utils._vmap_expansion_sdpa")
+def _patch_mask_expansion_by_broadcast(_original: Any) -> Any:
+    """Build attention masks from broadcast index grids instead of four nested ``torch.vmap`` calls.
+
+    Pattern: ``sdpa_mask`` expands a mask function with ``torch.vmap`` over (batch, head, query, key)
+    whenever the model passes an ``or_mask_function``/``and_mask_function`` (sliding windows in
+    bidirectional masks, image-token blocks, chunked attention). ``torch.export`` records the vmap as
+    ``_add_batch_dim`` nodes; ``ExportedProgram.run_decompositions``, which torch.onnx and
+    ``to_edge`` both run, re-traces them outside any vmap level and fails with "Either your tensor may
+    have escaped from inside a function being vmapped ... gen_vmap_plumbing" (on ``aten.new_ones``).
+    The replacement calls the mask function once on index tensors shaped (B,1,1,1), (1,H,1,1),
+    (1,1,Q,1) and (1,1,1,K), which broadcast to the same boolean (B, H, Q, K) mask; every mask
+    function in transformers is written in such elementwise index arithmetic and indexing.
+    Models: T5Gemma2Model, NemotronAsrStreamingEncoder, UnlimitedOcrModel (onnx static in the sweep).
+    Upstream: pytorch/pytorch#153063 (torch.export of ``torch.func.vmap``, open); pre-dispatch export
+    records vmap as ``_add_batch_dim``/``_remove_batch_dim`` nodes since pytorch/pytorch#154650, which
+    the later re-trace does not replay under a vmap level. The vmap path is transformers' choice in
+    ``masking_utils.sdpa_mask(use_vmap=True)``.
+    Remove when: ``run_decompositions`` re-traces programs that hold vmapped regions, or transformers
+    stops choosing vmap for combined mask functions.
+    """
+
+    def expand(mask_function: Any) -> Any:
+        def full_mask(batch: Any, head: Any, query: Any, key: Any) -> Any:
+            grid = (batch.reshape(-1, 1, 1, 1), head.reshape(1, -1, 1, 1), query.reshape(1, 1, -1, 1), key.reshape(1, 1, 1, -1))
+            return mask_function(*grid).expand(batch.shape[0], head.shape[0], query.shape[0], key.shape[0])
+
+        return full_mask
+
+    return expand
+
+
+@register_patch("dynamo", "transformers.masking_utils.TransformGetItemToIndex")
+def _patch_mask_index_mode_off(_original: Any) -> Any:
+    """Build the vmap-path masks without ``TransformGetItemToIndex``, a ``__torch_function__`` mode.
+
+    Pattern: ``sdpa_mask(use_vmap=True)`` wraps the mask expansion in ``TransformGetItemToIndex()``, which
+    routes ``tensor[index_tensor]`` inside mask functions through a wrapped higher-order op; the trace
+    keeps it as ``higher_order.flat_apply``, which ``torch.export.save`` cannot write ("SerializeError:
+    Failed serializing node flat_apply"). The mode exists so that indexing by a 0-d tensor works under
+    ``vmap``; with :func:`_patch_mask_expansion_by_broadcast` the mask functions index with ordinary
+    broadcast index tensors, which plain advanced indexing handles with the same values.
+    Models: T5Gemma2Model, UnlimitedOcrModel (dynamo in the sweep: the .pt2 could not be saved).
+    Upstream: torch/_dynamo/_trace_wrapped_higher_order_op.py (``flat_apply`` has no serializer in
+        torch 2.13; no report found); transformers masking_utils.sdpa_mask enters the mode
+    Remove when: torch.export serialises ``flat_apply``, or the broadcast patch above is removed.
+    """
+    return contextlib.nullcontext
