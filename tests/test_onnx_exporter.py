@@ -412,3 +412,21 @@ def test_fix_squeeze_of_wide_axis(tmp_path: Path) -> None:
     exporter, diff = _onnx_parity(Joint(), inputs, tmp_path)
     assert diff < 1e-6
     assert exporter.fx_fixes_applied >= 2
+
+
+def test_patch_cummax_by_triangle(tmp_path: Path) -> None:
+    from hf_exporters.workarounds.onnx.torch_patches import _patch_cummax_by_triangle, _patch_cummin_by_triangle
+
+    class PreviousSpecial(torch.nn.Module):
+        def forward(self, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            values, indices = torch.cummax(positions, dim=1)
+            return values, indices, x.cummax(0).values, torch.cummin(positions.flip(1), dim=1).indices
+
+    positions = torch.tensor([[0, 3, 3, 1, 5, 5, 2], [4, 0, 4, 0, 1, 6, 6]])
+    x = torch.tensor([[0.5, 2.0], [0.5, 1.0], [3.0, 1.0], [-1.0, 1.0]])
+    for op, patched in ((torch.cummax, _patch_cummax_by_triangle(torch.cummax)), (torch.cummin, _patch_cummin_by_triangle(torch.cummin))):
+        for tensor, dim in ((positions, 1), (positions, -1), (x, 0), (x, 1)):
+            want, got = op(tensor, dim), patched(tensor, dim)
+            assert torch.equal(got.values, want.values) and torch.equal(got.indices, want.indices)  # ties: last index
+    _, diff = _onnx_parity(PreviousSpecial(), {"positions": positions, "x": x}, tmp_path)
+    assert diff == 0.0
