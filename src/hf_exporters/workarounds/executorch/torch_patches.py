@@ -110,12 +110,6 @@ def _patch_split_as_narrow(original: Callable[..., Any]) -> Callable[..., Any]:
     return split
 
 
-def torch_bool() -> Any:
-    import torch
-
-    return torch.bool
-
-
 @register_patch("executorch", "torch.argsort", "torch.Tensor.argsort")
 def _patch_argsort_as_topk(original: Callable[..., Any]) -> Callable[..., Any]:
     """Trace an unstable ``argsort`` as ``topk`` over the whole axis.
@@ -135,10 +129,10 @@ def _patch_argsort_as_topk(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def argsort(input: Any, dim: int = -1, descending: bool = False, stable: bool = False) -> Any:  # noqa: A002 - torch's name
-        if stable or input.dim() == 0 or input.dtype == torch_bool():
-            return original(input, dim=dim, descending=descending, stable=stable)
         import torch
 
+        if stable or input.dim() == 0 or input.dtype == torch.bool:
+            return original(input, dim=dim, descending=descending, stable=stable)
         return torch.topk(input, input.shape[dim], dim=dim, largest=descending, sorted=True).indices
 
     return argsort

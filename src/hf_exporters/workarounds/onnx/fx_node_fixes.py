@@ -42,9 +42,27 @@ def _fix_view_as_reshape(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     return True
 
 
-def _is_complex(arg: object) -> bool:
+def _val(arg: object) -> torch.Tensor | None:
+    """The example tensor the trace recorded for ``arg`` (None for a constant or a non-tensor)."""
     val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
-    return isinstance(val, torch.Tensor) and val.is_complex()
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _is_complex(arg: object) -> bool:
+    val = _val(arg)
+    return val is not None and val.is_complex()
+
+
+_PROVENANCE = ("stack_trace", "nn_module_stack", "source_fn_stack")
+
+
+def _insert(graph: torch.fx.Graph, target: object, args: tuple, kwargs: dict | None, val: object, like: torch.fx.Node) -> torch.fx.Node:
+    """A new ``call_function`` node (at the graph's insert point) with its example value and the
+    source provenance of the node ``like`` it replaces."""
+    new = graph.call_function(target, args, kwargs or {})
+    new.meta["val"] = val
+    new.meta.update({key: like.meta[key] for key in _PROVENANCE if key in like.meta})
+    return new
 
 
 #: shape ops torchlib translates for real tensors only, with how their arguments follow the (…, 2) real view
@@ -78,7 +96,7 @@ def _fix_complex_shape_ops(gm: torch.fx.GraphModule, node: torch.fx.Node) -> boo
     if node.target not in _COMPLEX_SHAPE_OPS or not _is_complex(node.args[0]):
         return False
     source, rest = node.args[0], list(node.args[1:])
-    rank = source.meta["val"].dim()
+    rank = _val(source).dim()
     kind = _COMPLEX_SHAPE_OPS[node.target]
     if kind == "new axis":
         rest[0] = rest[0] if rest[0] >= 0 else rest[0] + rank + 1
@@ -87,18 +105,12 @@ def _fix_complex_shape_ops(gm: torch.fx.GraphModule, node: torch.fx.Node) -> boo
     else:
         rest[0] = [*rest[0], 2]
     graph = gm.graph
+    example = torch.fx.node.map_arg(rest, lambda arg: arg.meta["val"])  # sym_size nodes -> SymInts
     with graph.inserting_before(node):
-        real = graph.call_function(aten.view_as_real.default, (source,))
-        real.meta["val"] = torch.view_as_real(source.meta["val"])
-        moved = graph.call_function(node.target, (real, *rest), dict(node.kwargs))
-        example = torch.fx.node.map_arg(rest, lambda arg: arg.meta["val"])  # sym_size nodes -> SymInts
-        moved.meta["val"] = node.target(real.meta["val"], *example, **node.kwargs)
-        back = graph.call_function(aten.view_as_complex.default, (moved,))
-        back.meta["val"] = torch.view_as_complex(moved.meta["val"])
-    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
-        if key in node.meta:
-            for new in (real, moved, back):
-                new.meta[key] = node.meta[key]
+        real = _insert(graph, aten.view_as_real.default, (source,), None, torch.view_as_real(_val(source)), node)
+        moved_val = node.target(real.meta["val"], *example, **node.kwargs)
+        moved = _insert(graph, node.target, (real, *rest), dict(node.kwargs), moved_val, node)
+        back = _insert(graph, aten.view_as_complex.default, (moved,), None, torch.view_as_complex(moved_val), node)
     node.replace_all_uses_with(back)
     graph.erase_node(node)
     return True
@@ -123,33 +135,25 @@ def _fix_rsub_scalar(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         return False
     source, number = node.args[0], node.args[1]
     alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
-    source_val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
-    if not isinstance(source_val, torch.Tensor) or not all(isinstance(v, (int, float)) for v in (number, alpha)):
+    source_val = _val(source)
+    if source_val is None or not all(isinstance(v, (int, float)) for v in (number, alpha)):
         return False  # a symbolic number: left to the lowering
-    dtype = node.meta["val"].dtype if isinstance(node.meta.get("val"), torch.Tensor) else torch.result_type(source_val, number)
+    dtype = torch.result_type(source_val, number)
     graph = gm.graph
-    added = []
     with graph.inserting_before(node):
         if source_val.dtype != dtype:  # promote first, as rsub does: an unsigned x must not wrap in x * -alpha
-            source = graph.call_function(aten._to_copy.default, (source,), {"dtype": dtype})
-            source.meta["val"] = source_val.to(dtype)
-            added.append(source)
-        scaled = graph.call_function(aten.mul.Tensor, (source, -alpha))
-        scaled.meta["val"] = source.meta["val"] * -alpha
-        result = graph.call_function(aten.add.Tensor, (scaled, number))
-        result.meta["val"] = scaled.meta["val"] + number
-    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
-        if key in node.meta:
-            for new in (*added, scaled, result):
-                new.meta[key] = node.meta[key]
+            source_val = source_val.to(dtype)
+            source = _insert(graph, aten._to_copy.default, (source,), {"dtype": dtype}, source_val, node)
+        scaled = _insert(graph, aten.mul.Tensor, (source, -alpha), None, source_val * -alpha, node)
+        result = _insert(graph, aten.add.Tensor, (scaled, number), None, scaled.meta["val"] + number, node)
     node.replace_all_uses_with(result)
     graph.erase_node(node)
     return True
 
 
 def _sdpa_heads(node: torch.fx.Node) -> tuple[object, object, object] | None:
-    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:3]]
-    if len(vals) < 3 or any(not isinstance(v, torch.Tensor) or v.dim() != 4 for v in vals):
+    vals = [_val(a) for a in node.args[:3]]
+    if len(vals) < 3 or any(v is None or v.dim() != 4 for v in vals):
         return None
     return vals[0].shape[1], vals[1].shape[1], vals[2].shape[1]
 
@@ -204,8 +208,8 @@ def _fix_squeeze_of_wide_axis(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     if node.target not in (aten.squeeze.dim, aten.squeeze.dims):
         return False
     source = node.args[0]
-    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
-    if not isinstance(val, torch.Tensor) or val.dim() == 0:
+    val = _val(source)
+    if val is None or val.dim() == 0:
         return False
     dims = [node.args[1]] if node.target is aten.squeeze.dim else list(node.args[1])
     rank = val.dim()

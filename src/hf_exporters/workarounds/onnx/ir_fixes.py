@@ -29,4 +29,3 @@ def _fix_ir_topk_sorted(graph_like: ir.Graph | ir.Function) -> int:
                 node.attributes["sorted"] = ir.AttrInt64("sorted", 1)
                 changed += 1
     return changed
-
