@@ -134,6 +134,8 @@ def h11_qwen2_vl():
         "attention_mask": torch.ones_like(ids),
         "pixel_values": pixel_values,
         "image_grid_thw": grid,
+        # what the processor returns beside input_ids: 1 marks image tokens (multimodal RoPE needs it)
+        "mm_token_type_ids": (ids == image_token).long(),
     }
     return model, [inputs], False
 

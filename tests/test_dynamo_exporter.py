@@ -195,3 +195,72 @@ def test_patch_module_to_noop(tmp_path):
     # a real cast still goes through Module.to (and is not a no-op)
     with registry.apply_patches("dynamo"):
         assert model.to(torch.float64).classifier.weight.dtype == torch.float64
+
+
+def _qwen2_vl_vision_tower():
+    """A tiny Qwen2-VL vision tower and two images of different grids packed into one sequence."""
+    config = transformers.Qwen2VLConfig(
+        vision_config={"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 4, "mlp_ratio": 2,
+                       "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3},
+    ).vision_config
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    tower = transformers.models.qwen2_vl.modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel(config).eval()
+    grid = torch.tensor([[1, 4, 4], [2, 2, 4]])  # 16 + 16 patches, in three attention pieces
+    patches = torch.randn(int(grid.prod(-1).sum()), 3 * 2 * 4 * 4, generator=torch.Generator().manual_seed(0))
+    return tower, {"hidden_states": patches, "grid_thw": grid}
+
+
+def test_varlen_vision_attention_exports_as_one_block_diagonal_call(tmp_path):
+    from hf_exporters import registry
+    from hf_exporters.workarounds.dynamo.model_patches import _block_diagonal_sdpa
+
+    # the mask keeps each packed piece to itself: same numbers as one SDPA call per piece
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 7, 8) for _ in range(3))
+    cu = torch.tensor([0, 3, 4, 7], dtype=torch.int32)
+    out, _ = _block_diagonal_sdpa(torch.nn.Module(), q, k, v, None, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    pieces = [torch.nn.functional.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b]) for a, b in ((0, 3), (3, 4), (4, 7))]
+    assert torch.allclose(out, torch.cat(pieces, dim=2).transpose(1, 2), atol=1e-6)
+
+    tower, inputs = _qwen2_vl_vision_tower()
+    attention = type(tower.blocks[0].attn)
+    original = attention.forward
+    without = [w for w in registry._REGISTRY if w.func.__name__ != "_patch_varlen_attention_as_block_mask"]
+    saved = registry._REGISTRY[:]
+    registry._REGISTRY[:] = without
+    try:
+        with pytest.raises(ExportStageError, match=r"Could not guard on data-dependent expression Eq\(u\d+, 0\)"):
+            DynamoExporter().export(tower, inputs)
+    finally:
+        registry._REGISTRY[:] = saved
+    exporter = DynamoExporter()
+    program = exporter.export(tower, inputs)
+    runner = exporter.load_runner(exporter.save(program, tmp_path))
+    (report,) = check_parity(tower, runner, [inputs], atol=1e-5)
+    assert report.ok and report.max_abs_diff < 1e-5
+    assert attention.forward is original and tower.config._attn_implementation == "sdpa"  # restored
+
+
+def test_varlen_patch_lists_every_split_per_piece_attention():
+    """Every attention forward of the installed transformers that splits a packed sequence with
+    ``lengths.tolist()`` (and has a varlen flash branch) is covered by the block-diagonal patch."""
+    import ast
+    import pathlib
+
+    from hf_exporters.workarounds.dynamo.model_patches import _VARLEN_ATTENTION_FORWARDS
+
+    found = set()
+    for path in sorted((pathlib.Path(transformers.__file__).parent / "models").glob("*/modeling_*.py")):
+        source = path.read_text()
+        if "lengths.tolist()" not in source:
+            continue
+        for owner in ast.parse(source).body:
+            if not isinstance(owner, ast.ClassDef):
+                continue
+            for method in owner.body:
+                segment = ast.get_source_segment(source, method) if isinstance(method, ast.FunctionDef) and method.name == "forward" else ""
+                if "lengths.tolist()" in segment and "is_flash_attention_requested" in segment:
+                    found.add(f"transformers.models.{path.parent.name}.{path.stem}.{owner.name}.forward")
+    assert len(found) >= 30
+    assert sorted(found - set(_VARLEN_ATTENTION_FORWARDS)) == []

@@ -430,3 +430,15 @@ def test_patch_cummax_by_triangle(tmp_path: Path) -> None:
             assert torch.equal(got.values, want.values) and torch.equal(got.indices, want.indices)  # ties: last index
     _, diff = _onnx_parity(PreviousSpecial(), {"positions": positions, "x": x}, tmp_path)
     assert diff == 0.0
+
+
+def test_varlen_vision_attention_runs_in_onnxruntime(tmp_path: Path) -> None:
+    """Two images packed into one sequence: the block-diagonal attention patch (dynamo stage) gives
+    an ONNX graph whose numbers match the per-image eager loop in onnxruntime."""
+    from test_dynamo_exporter import _qwen2_vl_vision_tower
+
+    tower, inputs = _qwen2_vl_vision_tower()
+    exporter = OnnxExporter()
+    program = exporter.export(tower, inputs)
+    (report,) = check_parity(tower, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=exporter.default_atol)
+    assert report.ok and report.max_abs_diff < 1e-4

@@ -135,6 +135,25 @@ def test_unresolved_path_is_skipped_with_one_warning(clean_registry):
     ]
 
 
+def test_loaded_only_patch_waits_for_its_module(clean_registry):
+    import sys
+
+    assert "_lazy_targets" not in sys.modules
+    register_patch("t.lazy", "_lazy_targets.Tower.forward", loaded_only=True)(lambda orig: lambda self, x: x + 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with apply_patches("t.lazy") as installed:
+            assert installed == []
+    assert "_lazy_targets" not in sys.modules  # not imported by the registry
+    assert [w for w in caught if issubclass(w.category, UnresolvedPatchWarning)] == []
+    import _lazy_targets
+
+    with apply_patches("t.lazy") as installed:
+        assert installed == ["Tower.forward"]
+        assert _lazy_targets.Tower().forward(1) == 2
+    assert _lazy_targets.Tower().forward(1) == 1
+
+
 def test_register_patch_refuses_bad_paths():
     with pytest.raises(ValueError, match="needs at least one dotted path"):
         register_patch("t.bad")

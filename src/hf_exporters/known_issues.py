@@ -30,17 +30,19 @@ SKIP_SCOPES: tuple[str, ...] = (
 #: scope -> {model class name: why that export is skipped, naming the model-side change it needs}
 EXPORT_SKIPS: dict[str, dict[str, str]] = {scope: {} for scope in SKIP_SCOPES}
 
-_QWEN2_VL_VISION = (
-    "the vision attention splits q/k/v per image with torch.split(lengths.tolist()) over cu_seqlens "
-    "and the text side splits image features with image_grid_thw.prod(-1).tolist(): sizes read from "
-    "data (GuardOnDataDependentSymNode Eq(u3, 0) at modeling_qwen2_vl.py:403; case H11, "
-    "pytorch/pytorch#158786). model-side change needed: one attention call with a block-diagonal mask "
-    "built from cu_seqlens, and image token counts from static grid sizes"
+_QWEN2_VL_LAYOUT = (
+    "the text side reads the multimodal layout from data: get_rope_index groups mm_token_type_ids with "
+    "itertools.groupby(input_token_type.tolist()) and the image features are split with "
+    "image_grid_thw.prod(-1).tolist() (GuardOnDataDependentSymNode Eq(u7, 0) at modeling_qwen2_vl.py:964; "
+    "case H11, pytorch/pytorch#158786). The vision tower itself exports (its per-image attention split "
+    "is replaced by one block-diagonal attention call at the dynamo stage). model-side change needed: "
+    "M-RoPE position ids from tensor ops over mm_token_type_ids (a cumsum per modality run), or taken "
+    "as an input, and image token counts from static grid sizes"
 )
 EXPORT_SKIPS["all"].update(
     {
-        "Qwen2VLModel": _QWEN2_VL_VISION,
-        "Qwen2VLForConditionalGeneration": _QWEN2_VL_VISION,
+        "Qwen2VLModel": _QWEN2_VL_LAYOUT,
+        "Qwen2VLForConditionalGeneration": _QWEN2_VL_LAYOUT,
     }
 )
 

@@ -34,6 +34,7 @@ import dataclasses
 import importlib
 import inspect
 import re
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -72,12 +73,15 @@ class Workaround:
         target: what it acts on: a dotted path for a patch, an aten op for a translation, the function's
             name for a fix.
         func: the registered callable (a patch's factory, a fix, a translation).
+        loaded_only: for a patch, install it only where the module its path starts in is already
+            imported (a model method needs no patch while its modeling file was never loaded).
     """
 
     kind: str
     backend: str
     target: str
     func: Callable[..., Any]
+    loaded_only: bool = False
 
     @property
     def name(self) -> str:
@@ -177,7 +181,9 @@ def export_lock() -> Iterator[None]:
 # ── Patches ──────────────────────────────────────────────────────────────────
 
 
-def register_patch(backend: str, *dotted_paths: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def register_patch(
+    backend: str, *dotted_paths: str, loaded_only: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register ``factory(original) -> replacement`` for every path in ``dotted_paths``.
 
     A path names a model class method (``transformers.models.bert.modeling_bert.BertModel.forward``),
@@ -185,6 +191,11 @@ def register_patch(backend: str, *dotted_paths: str) -> Callable[[Callable[..., 
     ``torch.nn.functional.pad``, ``torch.Tensor.unsqueeze``). The last segment is the attribute that
     is swapped; what precedes it is imported (modules) or looked up (classes) when the patch is
     applied, not when it is registered.
+
+    ``loaded_only=True`` suits one patch over the same method of many model families: a path is then
+    installed only when its modeling module is already imported (the model being exported has loaded
+    its own), so an export never imports the other families' modeling files. Such paths are skipped
+    silently when their module is not loaded.
 
     Raises:
         ValueError: no path given, or a path without a dot.
@@ -197,7 +208,7 @@ def register_patch(backend: str, *dotted_paths: str) -> Callable[[Callable[..., 
 
     def decorator(factory: Callable[..., Any]) -> Callable[..., Any]:
         for path in dotted_paths:
-            _REGISTRY.append(Workaround("patch", backend, path, factory))
+            _REGISTRY.append(Workaround("patch", backend, path, factory, loaded_only))
         return factory
 
     return decorator
@@ -244,6 +255,13 @@ class _Installed:
             delattr(self.owner, self.attribute)
 
 
+def _module_loaded(path: str) -> bool:
+    """Whether the module that holds ``path``'s owner is imported: ``owner`` for a module function,
+    the module before ``Class`` for a method (a package imported for its configuration alone does not count)."""
+    parts = path.split(".")
+    return any(".".join(parts[:i]) in sys.modules for i in (len(parts) - 1, len(parts) - 2) if i >= 1)
+
+
 def _install(path: str, factory: Callable[..., Any]) -> _Installed | None:
     owner_path, _, attribute = path.rpartition(".")
     try:
@@ -287,6 +305,8 @@ def apply_patches(backend: str, select: Callable[[str], bool] | None = None) -> 
         try:
             for workaround in _select("patch", backend):
                 if select is not None and not select(workaround.target):
+                    continue
+                if workaround.loaded_only and not _module_loaded(workaround.target):
                     continue
                 done = _install(workaround.target, workaround.func)
                 if done is not None:

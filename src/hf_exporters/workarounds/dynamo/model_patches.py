@@ -6,6 +6,8 @@ These run for every backend: the ONNX and ExecuTorch exporters trace through Dyn
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -78,7 +80,7 @@ def _patch_sdpa_attention(original: dict[str, Any]) -> dict[str, Any]:
     condition to the exporter side); pytorch/pytorch#150842 (0/1 specialisation).
     Remove when: transformers computes ``is_causal`` without a Python ``and`` on the query length.
     """
-    return {**original, "sdpa": _export_safe_sdpa}
+    return {**original, "sdpa": _export_safe_sdpa, _VARLEN_IMPLEMENTATION: _block_diagonal_sdpa}
 
 
 @register_patch(
@@ -181,3 +183,151 @@ def _patch_mask_index_mode_off(_original: Any) -> Any:
     Remove when: torch.export serialises ``flat_apply``, or the broadcast patch above is removed.
     """
     return contextlib.nullcontext
+
+
+#: the attention implementation name the varlen patch switches to while a packed-sequence attention
+#: forward runs; transformers takes its varlen branch for any name that contains "flash"
+#: (``is_flash_attention_requested``), and this one is registered only while an export runs
+_VARLEN_IMPLEMENTATION = "hf_exporters_flash_varlen_block_mask"
+
+#: attention modules (transformers 5.23) whose forward packs several images, frames or audio windows
+#: into one sequence described by ``cu_seqlens`` and, without a flash kernel, attends within each
+#: through ``torch.split(tensor, lengths.tolist())``
+_VARLEN_ATTENTION_FORWARDS = tuple(
+    f"transformers.models.{package}.modeling_{package}.{owner}.forward"
+    for package, owner in (
+        ("cohere_compass", "CohereCompassVisionAttention"),
+        ("cosmos3_edge", "Cosmos3EdgeVisionAttention"),
+        ("dots3_note", "Dots3NoteVisionAttention"),
+        ("ernie4_5_vl_moe", "Ernie4_5_VLMoeVisionAttention"),
+        ("exaone4_5", "Exaone4_5_VisionAttention"),
+        ("glm4v", "Glm4vVisionAttention"),
+        ("glm4v_moe", "Glm4vMoeVisionAttention"),
+        ("glm5_next", "Glm5NextVisionAttention"),
+        ("glm_image", "GlmImageVisionAttention"),
+        ("glm_ocr", "GlmOcrVisionAttention"),
+        ("hunyuan_vl", "HunYuanVLVisionAttention"),
+        ("inkling2", "Inkling2VisionAttention"),
+        ("kimi_k25", "Kimi_K25VisionAttention"),
+        ("lfm3_vl", "Lfm3VlVisionAttention"),
+        ("minicpm_ocr", "MiniCPMOcrVisionAttention"),
+        ("minicpmv4_6", "MiniCPMV4_6VisionAttention"),
+        ("minicpmv4_7", "MiniCPMV4_7VisionAttention"),
+        ("minimax_m3_vl", "MiniMaxM3VLVisionAttention"),
+        ("muse_glimmer", "MuseGlimmerVisionAttention"),
+        ("muse_spark", "MuseSparkVisionAttention"),
+        ("paddleocr_vl", "PaddleOCRVisionAttention"),
+        ("qwen2_5_omni", "Qwen2_5OmniAudioAttention"),
+        ("qwen2_5_omni", "Qwen2_5OmniVisionAttention"),
+        ("qwen2_5_vl", "Qwen2_5_VLVisionAttention"),
+        ("qwen2_vl", "VisionAttention"),
+        ("qwen3_5", "Qwen3_5VisionAttention"),
+        ("qwen3_5_moe", "Qwen3_5MoeVisionAttention"),
+        ("qwen3_asr", "Qwen3ASRAudioAttention"),
+        ("qwen3_omni_moe", "Qwen3OmniMoeAudioAttention"),
+        ("qwen3_omni_moe", "Qwen3OmniMoeVisionAttention"),
+        ("qwen3_vl", "Qwen3VLVisionAttention"),
+        ("qwen3_vl_moe", "Qwen3VLMoeVisionAttention"),
+        ("qwen4_exp", "Qwen4ExpVisionAttention"),
+        ("radio", "RadioAttention"),
+        ("video_llama_3", "VideoLlama3VisionAttention"),
+    )
+)
+
+
+def _segment_ids(cu_seqlens: torch.Tensor, length: Any) -> torch.Tensor:
+    """Segment index of each of ``length`` packed positions: shape (length,), int64.
+
+    ``cu_seqlens``: (segments + 1,) cumulative boundaries starting at 0. Position ``i`` belongs to the
+    number of boundaries ``cu_seqlens[1:]`` at or below it; a comparison and a sum, which every
+    backend lowers (no ``searchsorted``, no size read from the data).
+    """
+    positions = torch.arange(length, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    return (positions[:, None] >= cu_seqlens[None, 1:]).sum(dim=-1)
+
+
+def _block_diagonal_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Varlen attention as one SDPA call with a block-diagonal mask.
+
+    Shapes: ``query`` (batch, heads, total_q, head_dim), ``key``/``value`` (batch, kv_heads, total_k,
+    head_dim), packed segments described by ``cu_seq_lens_q``/``cu_seq_lens_k`` of shape (segments + 1,).
+    Query ``i`` attends to key ``j`` when both lie in the same segment (and, with ``is_causal``, when
+    ``j <= i``). Returns (batch, total_q, heads, head_dim), as transformers' attention functions do.
+    ``max_length_q``/``max_length_k`` are accepted and not needed. Without ``cu_seq_lens_*`` this is
+    :func:`_export_safe_sdpa`.
+    """
+    if cu_seq_lens_q is None or cu_seq_lens_k is None:
+        return _export_safe_sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
+    segment_q = _segment_ids(cu_seq_lens_q, query.shape[2])
+    segment_k = _segment_ids(cu_seq_lens_k, key.shape[2])
+    mask = segment_q[:, None] == segment_k[None, :]
+    if is_causal:
+        mask = mask & (torch.arange(key.shape[2])[None, :] <= torch.arange(query.shape[2])[:, None])
+    mask = mask[None, None]
+    if attention_mask is not None:
+        mask = mask & attention_mask if attention_mask.dtype == torch.bool else torch.where(mask, attention_mask, torch.finfo(query.dtype).min)
+    return _export_safe_sdpa(module, query, key, value, mask, dropout, scaling, is_causal=False)
+
+
+@register_patch("dynamo", *_VARLEN_ATTENTION_FORWARDS, loaded_only=True)
+def _patch_varlen_attention_as_block_mask(original: Any) -> Any:
+    """Run packed-sequence attention as one masked SDPA call instead of one call per image.
+
+    Pattern: a vision (or audio) tower packs every image, frame or window into one sequence and
+    attends within each with ``torch.split(q, (cu_seqlens[1:] - cu_seqlens[:-1]).tolist())``, one
+    attention call per piece, then ``torch.cat``. ``cu_seqlens`` comes from ``grid_thw`` through
+    ``repeat_interleave``, so even its length is data-dependent: the trace fails with "Could not guard
+    on data-dependent expression Eq(u3, 0)" at the split, and the number of pieces could not be
+    fixed anyway. The same forwards have a varlen branch for flash kernels that passes ``cu_seqlens``
+    to the attention function. While the forward runs, its config's attention implementation is
+    switched to :func:`_block_diagonal_sdpa`, whose name makes the forward take that branch, and
+    ``max_seqlen`` is given as the packed length (an upper bound the mask does not need), so
+    ``get_max_seqlen`` reads no value from the data. Same numbers as the per-piece loop up to the
+    summation order. Applies when the module is configured for ``sdpa`` or ``eager``; a flash or
+    flex configuration is left alone.
+    Models: Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), Qwen3.5, Qwen-Omni, Qwen3-ASR, GLM-4V, GLM-OCR,
+    GLM-Image, HunYuan-VL, LFM3-VL, VideoLLaMA3, PaddleOCR-VL, Radio, MiniCPM-V/OCR and the other
+    towers listed in ``_VARLEN_ATTENTION_FORWARDS``.
+    Upstream: transformers' vision attention forwards (``# Other implementations: Process each chunk
+        separately`` in models/qwen2_vl/modeling_qwen2_vl.py); pytorch/pytorch#138214 (``split`` by
+        unbacked sizes)
+    Remove when: transformers builds a block-diagonal mask (or a ``torch.cond``) for non-flash
+        attention in these towers.
+    """
+    signature = inspect.signature(original)
+    parameters = signature.parameters
+    extra = next((p.name for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+
+    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        config = self.config
+        implementation = config._attn_implementation
+        if implementation not in (None, "sdpa", "eager"):
+            return original(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        hidden_states = bound.arguments.get("hidden_states")
+        if isinstance(hidden_states, torch.Tensor):
+            if "max_seqlen" in parameters:
+                if bound.arguments.get("max_seqlen") is None:
+                    bound.arguments["max_seqlen"] = hidden_states.shape[-2]
+            elif extra is not None and bound.arguments.setdefault(extra, {}).get("max_seqlen") is None:
+                bound.arguments[extra]["max_seqlen"] = hidden_states.shape[-2]
+        saved = config._attn_implementation_internal
+        config._attn_implementation_internal = _VARLEN_IMPLEMENTATION
+        try:
+            return original(*bound.args, **bound.kwargs)
+        finally:
+            config._attn_implementation_internal = saved
+
+    return functools.wraps(original)(forward)
