@@ -264,3 +264,31 @@ def test_varlen_patch_lists_every_split_per_piece_attention():
                     found.add(f"transformers.models.{path.parent.name}.{path.stem}.{owner.name}.forward")
     assert len(found) >= 30
     assert sorted(found - set(_VARLEN_ATTENTION_FORWARDS)) == []
+
+
+def test_eager_experts_trace_as_batched_mm(tmp_path):
+    """OpenAI Privacy Filter defaults its experts to the eager loop over the experts hit (read from
+    data); the export traces transformers' batched_mm experts instead, with the eager numbers."""
+    from hf_exporters import registry
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("OpenAIPrivacyFilterModel")
+    assert model.config._experts_implementation == "eager"
+    inputs = build_inputs(model)
+    without = [w for w in registry._REGISTRY if w.func.__name__ != "_patch_eager_experts_as_batched_mm"]
+    saved = registry._REGISTRY[:]
+    registry._REGISTRY[:] = without
+    try:
+        with pytest.raises(ExportStageError, match="Could not guard on data-dependent expression"):
+            DynamoExporter().export(model, inputs)
+    finally:
+        registry._REGISTRY[:] = saved
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs)
+    (report,) = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=1e-4)
+    assert report.ok and report.max_abs_diff < 1e-5
+    assert model.config._experts_implementation == "eager"
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    assert ALL_EXPERTS_FUNCTIONS.get_interface("eager", None) is None  # restored after the export

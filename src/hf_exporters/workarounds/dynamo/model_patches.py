@@ -331,3 +331,33 @@ def _patch_varlen_attention_as_block_mask(original: Any) -> Any:
             config._attn_implementation_internal = saved
 
     return functools.wraps(original)(forward)
+
+
+@register_patch("dynamo", "transformers.integrations.moe.ExpertsInterface.get_interface")
+def _patch_eager_experts_as_batched_mm(original: Any) -> Any:
+    """Trace mixture-of-experts layers configured for the ``eager`` experts implementation with
+    transformers' ``batched_mm`` implementation.
+
+    Pattern: the ``eager`` forward of an experts module (``@use_experts_implementation``) loops
+    ``for expert_idx in expert_hit``, where ``expert_hit`` comes from ``nonzero()`` over the router's
+    choices, and gathers each expert's tokens with ``torch.where``: both the loop count and the token
+    counts are read from data, so the trace fails with "Could not guard on data-dependent
+    expression". A model that overrides ``get_correct_experts_implementation`` to default to
+    ``eager`` (OpenAI Privacy Filter, for its sensitivity to accumulation order), or a user who asks
+    for ``experts_implementation="eager"``, gets that loop. ``batched_mm`` computes the same
+    per-token expert projections by gathering each token's expert weights (shapes fixed by the token
+    count and top-k), with the same layout flags (transposed, bias, gate, post-expert norm); only the
+    summation order differs. Other implementations (``grouped_mm``, kernels) are returned unchanged.
+    Models: OpenAIPrivacyFilterModel, LongcatFlashModel (sweep, data-dependent guard).
+    Upstream: transformers integrations/moe.py (the eager experts loop over ``expert_hit``);
+        pytorch/pytorch#125180 (data-dependent loops under torch.export)
+    Remove when: transformers' eager experts forward has a trace-friendly path under
+        ``torch.compiler.is_exporting()``.
+    """
+
+    def get_interface(self: Any, experts_implementation: str, default: Any) -> Any:
+        if experts_implementation == "eager" and "batched_mm" in self:
+            return self["batched_mm"]
+        return original(self, experts_implementation, default)
+
+    return get_interface
