@@ -266,17 +266,28 @@ def test_varlen_patch_lists_every_split_per_piece_attention():
     assert sorted(found - set(_VARLEN_ATTENTION_FORWARDS)) == []
 
 
-def test_eager_experts_trace_as_batched_mm(tmp_path):
-    """OpenAI Privacy Filter defaults its experts to the eager loop over the experts hit (read from
-    data); the export traces transformers' batched_mm experts instead, with the eager numbers."""
+@pytest.mark.parametrize(
+    "model_class, workaround",
+    [
+        ("OpenAIPrivacyFilterModel", "_patch_eager_experts_as_batched_mm"),
+        ("SwitchTransformersModel", "_patch_switch_experts_dense"),
+        ("DbrxModel", "_patch_dbrx_experts_dense"),
+    ],
+)
+def test_expert_loops_over_data_export_without_them(tmp_path, model_class, workaround):
+    """Mixture-of-experts layers that loop over the experts hit (``nonzero()`` of the routing mask)
+    fail the trace on a data-dependent guard; with the workaround they export with eager's numbers.
+    OpenAI Privacy Filter defaults its experts to that eager loop and is traced with transformers'
+    batched_mm experts; SwitchTransformers and DBRX write their own loops and become dense mixtures."""
     from hf_exporters import registry
     from hf_exporters.sweep.inputs import build_inputs
     from hf_exporters.sweep.job import build_model
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-    model = build_model("OpenAIPrivacyFilterModel")
-    assert model.config._experts_implementation == "eager"
+    model = build_model(model_class)
     inputs = build_inputs(model)
-    without = [w for w in registry._REGISTRY if w.func.__name__ != "_patch_eager_experts_as_batched_mm"]
+    without = [w for w in registry._REGISTRY if w.func.__name__ != workaround]
+    assert len(without) < len(registry._REGISTRY)
     saved = registry._REGISTRY[:]
     registry._REGISTRY[:] = without
     try:
@@ -288,7 +299,4 @@ def test_eager_experts_trace_as_batched_mm(tmp_path):
     program = exporter.export(model, inputs)
     (report,) = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=1e-4)
     assert report.ok and report.max_abs_diff < 1e-5
-    assert model.config._experts_implementation == "eager"
-    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-
     assert ALL_EXPERTS_FUNCTIONS.get_interface("eager", None) is None  # restored after the export

@@ -361,3 +361,71 @@ def _patch_eager_experts_as_batched_mm(original: Any) -> Any:
         return original(self, experts_implementation, default)
 
     return get_interface
+
+
+def _dense_mixture(hidden_states: torch.Tensor, weights: torch.Tensor, expert: Any, count: int) -> torch.Tensor:
+    """Every expert on every token, summed with its routing weight.
+
+    ``hidden_states`` (tokens, hidden); ``weights`` (tokens, count): the weight each token gives each
+    expert, 0 where the router did not choose it; ``expert(e, hidden_states)`` -> (tokens, hidden).
+    The Python loop runs over a count fixed by the config, so the trace has no data-dependent size.
+    """
+    out = torch.zeros_like(hidden_states)
+    for index in range(count):
+        out = out + expert(index, hidden_states) * weights[:, index, None].to(hidden_states.dtype)
+    return out
+
+
+@register_patch("dynamo", "transformers.models.switch_transformers.modeling_switch_transformers.SwitchTransformersExperts.forward", loaded_only=True)
+def _patch_switch_experts_dense(_original: Any) -> Any:
+    """SwitchTransformers' experts as a dense mixture: each expert on every token, weighted by the
+    router's (zero for experts it did not choose).
+
+    Pattern: ``for expert_idx in expert_hit`` over ``nonzero()`` of the routing mask, then
+    ``torch.where`` to gather each expert's tokens: the loop count and the token counts are read from
+    data ("Could not guard on data-dependent expression"). The experts are separate modules
+    (an ``nn.ModuleDict``), so transformers' ``batched_mm`` experts do not apply. Same numbers as the
+    loop (a token dropped by the capacity limit has no expert and stays 0); the cost is every expert's
+    FLOPs on every token (``num_experts`` times the sparse layer's), which is the price of a graph
+    without data-dependent shapes.
+    Models: SwitchTransformersModel, SwitchTransformersForConditionalGeneration, SwitchTransformersEncoderModel.
+    Upstream: transformers models/switch_transformers/modeling_switch_transformers.py
+        (``SwitchTransformersExperts.forward``); pytorch/pytorch#125180 (data-dependent loops under export)
+    Remove when: the model's experts use ``@use_experts_implementation`` (then the batched_mm patch serves).
+    """
+
+    def forward(self: Any, hidden_states: torch.Tensor, selected_experts: torch.Tensor, routing_weights: torch.Tensor) -> torch.Tensor:
+        # selected_experts (tokens, k, experts) one-hot; routing_weights (tokens, k)
+        weights = (selected_experts.to(routing_weights.dtype) * routing_weights[..., None]).sum(dim=1)
+        return _dense_mixture(hidden_states, weights, lambda e, h: self[f"expert_{e}"](h), self.num_experts)
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.dbrx.modeling_dbrx.DbrxExperts.forward", loaded_only=True)
+def _patch_dbrx_experts_dense(_original: Any) -> Any:
+    """DBRX's experts as a dense mixture: each expert's GLU on every token, weighted by the router's
+    top-k weight (zero for experts it did not choose).
+
+    Pattern: as :func:`_patch_switch_experts_dense`: ``for expert_idx in expert_hit`` over
+    ``nonzero()``, then ``torch.where`` per expert; the experts' weights are fused tensors that
+    transformers' ``batched_mm`` experts do not know. Same numbers as the loop up to summation order;
+    costs ``moe_num_experts / moe_top_k`` times the sparse layer's FLOPs.
+    Models: DbrxModel, DbrxForCausalLM.
+    Upstream: transformers models/dbrx/modeling_dbrx.py (``DbrxExperts.forward``);
+        pytorch/pytorch#125180 (data-dependent loops under export)
+    Remove when: DBRX's experts use ``@use_experts_implementation``.
+    """
+
+    def forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        batch_size = hidden_states.shape[0]
+        hidden_states = hidden_states.reshape(-1, self.hidden_size)
+        # top_k_index, top_k_weights (tokens, k)
+        chosen = top_k_index[..., None] == torch.arange(self.num_experts, device=top_k_index.device)
+        weights = (chosen.to(top_k_weights.dtype) * top_k_weights[..., None]).sum(dim=1)
+        shape = (-1, self.ffn_hidden_size, self.hidden_size)
+        w1, v1, w2 = (p.view(shape) for p in (self.mlp.w1, self.mlp.v1, self.mlp.w2))
+        out = _dense_mixture(hidden_states, weights, lambda e, h: self.mlp(h, w1[e], v1[e], w2[e]), self.num_experts)
+        return out.view(batch_size, -1, self.hidden_size)
+
+    return forward
