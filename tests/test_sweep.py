@@ -461,3 +461,33 @@ def test_a_dynamic_job_requires_batch_and_length_axes_only() -> None:
 def test_zygotes_preload_executorch_only_for_runs_with_executorch_jobs() -> None:
     assert runner.preload_for([{"backend": "dynamo"}, {"backend": "onnx"}]) == ()
     assert "executorch.exir" in runner.preload_for([{"backend": "onnx"}, {"backend": "executorch"}])
+
+
+class _MaskedPatches(torch.nn.Module):
+    """MAE's pattern: ``noise`` (batch, patches) must be as long as the image has patches, a tie made
+    through data (a gather by its argsort), which no guard records."""
+
+    def forward(self, pixel_values: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        patches = pixel_values.reshape(pixel_values.shape[0], 4, -1)
+        order = torch.argsort(noise, dim=1)
+        return torch.gather(patches.sum(-1), 1, order)
+
+
+def test_a_dynamic_job_grows_only_sizes_the_model_accepts() -> None:
+    from hf_exporters.runtime import resized_inputs
+    from hf_exporters.sweep.job import expected_dynamic_axes
+
+    model = _MaskedPatches()
+    inputs = {"pixel_values": torch.randn(2, 16), "noise": torch.rand(2, 4)}
+    dims = {"pixel_values": {0: torch.export.Dim("batch")}, "noise": {0: torch.export.Dim("batch"), 1: torch.export.Dim.AUTO}}
+    program = torch.export.export(model, (), inputs, dynamic_shapes=dims)
+    grown = resized_inputs(program, inputs)
+    assert grown["noise"].shape == (5, 7) and grown["pixel_values"].shape == (5, 16)
+    with pytest.raises(RuntimeError, match=r"index \d is out of bounds for dimension 1 with size 4"):
+        model(**grown)
+    batch_only = resized_inputs(program, inputs, axes=expected_dynamic_axes)
+    assert batch_only["noise"].shape == (5, 4) and batch_only["pixel_values"].shape == (5, 16)
+    assert model(**batch_only).shape == (5, 4)
+    # the MAE model in a sweep job: the second input set grows the batch only, and both sets pass
+    record = run_job({"class": "ViTMAEModel", "backend": "dynamo", "dynamic": True})
+    assert (record["outcome"], record["input_sets"]) == ("pass", 2), record

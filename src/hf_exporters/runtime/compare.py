@@ -155,7 +155,12 @@ def _as_int(bound: Any, default: int) -> int:
         return default
 
 
-def resized_inputs(exported_program: torch.export.ExportedProgram, inputs: dict[str, Any], grow: int = 3) -> dict[str, Any] | None:
+def resized_inputs(
+    exported_program: torch.export.ExportedProgram,
+    inputs: dict[str, Any],
+    grow: int = 3,
+    axes: Callable[[str, torch.Tensor], set[int]] | None = None,
+) -> dict[str, Any] | None:
     """The same inputs with every dynamic size of ``exported_program`` changed, or None when the
     program has no dynamic axis.
 
@@ -163,6 +168,10 @@ def resized_inputs(exported_program: torch.export.ExportedProgram, inputs: dict[
     the range constraints forbid growing); sizes 0 and 1 stay, so a decode step stays one token and
     a mask that is one longer than the cache stays so; derived sizes (``s0 + s1``) follow. Tensors are tiled along resized axes, so token ids
     and masks keep valid values.
+
+    ``axes``, when given, is ``axes(input name, tensor) -> axis indices`` that may grow: a size symbol
+    found on none of them keeps its example size (for a size the model ties to another through data,
+    such as MAE's ``noise`` length and its patch count, which no guard records).
     """
     import torch.utils._pytree as pytree
 
@@ -170,20 +179,30 @@ def resized_inputs(exported_program: torch.export.ExportedProgram, inputs: dict[
     metas = [n.meta.get("val") for n in exported_program.graph.nodes if n.op == "placeholder" and n.name in user]
     metas = [m for m in metas if isinstance(m, torch.Tensor)]
     leaves, spec = pytree.tree_flatten(inputs)
+    names = [""] * len(leaves)
+    if axes is not None:
+        try:  # the input each leaf sits under; a container without key paths leaves its names empty
+            names = [str(getattr(path[0], "key", path[0])) if path else "" for path, _ in pytree.tree_flatten_with_path(inputs)[0]]
+        except (ValueError, TypeError):
+            pass
     tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     if len(metas) != len(tensor_positions):
         return None
 
     values: dict[sympy.Symbol, int] = {}
+    allowed: set[sympy.Symbol] = set()
     for meta, pos in zip(metas, tensor_positions):
-        for dim, actual in zip(meta.shape, leaves[pos].shape):
+        growable = axes(names[pos], leaves[pos]) if axes is not None else None
+        for axis, (dim, actual) in enumerate(zip(meta.shape, leaves[pos].shape)):
             if isinstance(dim, torch.SymInt) and isinstance(dim.node.expr, sympy.Symbol):
                 values[dim.node.expr] = int(actual)
+                if growable is None or axis in growable:
+                    allowed.add(dim.node.expr)
     if not any(v >= 2 for v in values.values()):
         return None
     new_values = {}
     for symbol, value in values.items():
-        if value < 2:  # a batch of one or a one-token decode step keeps its size: other sizes follow from it
+        if value < 2 or symbol not in allowed:  # a batch of one or a one-token decode step keeps its size: other sizes follow from it
             new_values[symbol] = value
             continue
         bounds = exported_program.range_constraints.get(symbol)
@@ -191,6 +210,8 @@ def resized_inputs(exported_program: torch.export.ExportedProgram, inputs: dict[
         lower = _as_int(bounds.lower, 2) if bounds is not None else 2
         candidate = value + grow if value + grow <= upper else max(lower, value - 1)
         new_values[symbol] = candidate
+    if new_values == values:
+        return None
     for meta, pos in zip(metas, tensor_positions):
         tensor = leaves[pos]
         for axis, dim in enumerate(meta.shape):

@@ -199,6 +199,17 @@ def expected_dynamic_axes(name: str, tensor: Any) -> set[int]:
     return axes
 
 
+def _eager_accepts(model: Any, inputs: dict[str, Any]) -> bool:
+    """Whether eager PyTorch runs ``model(**inputs)`` without raising."""
+    from ..runtime.compare import eager_outputs
+
+    try:
+        eager_outputs(model, inputs)
+    except Exception:  # noqa: BLE001 - any refusal means the input set is not one the model takes
+        return False
+    return True
+
+
 def _unexpected_static(fixed: list[tuple[str, int, int]], inputs: dict[str, Any]) -> list[tuple[str, int, int]]:
     """The ``(input, axis, size)`` entries of ``fixed`` on an axis :func:`expected_dynamic_axes` expects dynamic."""
     from ..shapes import tensor_leaves
@@ -359,6 +370,13 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
         record["static_axes"] = [f"{n}[axis {a}] = {s}" for n, a, s in fixed]
         fixed = _unexpected_static(fixed, inputs)
         second = resized_inputs(ep, inputs)
+        if second is not None and not _eager_accepts(model, second):
+            # the model itself refuses sizes the program leaves free (a size tied to another through
+            # data, such as MAE's noise length and its patch count): grow the batch and length axes only
+            second = resized_inputs(ep, inputs, axes=expected_dynamic_axes)
+            if second is not None and not _eager_accepts(model, second):
+                second = None
+                record["second_input_set"] = "eager refused every resized input set"
         if second is not None:
             input_sets.append(second)
         if fixed:
