@@ -442,3 +442,26 @@ def test_varlen_vision_attention_runs_in_onnxruntime(tmp_path: Path) -> None:
     program = exporter.export(tower, inputs)
     (report,) = check_parity(tower, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=exporter.default_atol)
     assert report.ok and report.max_abs_diff < 1e-4
+
+
+def test_sym_numel_translation(tmp_path: Path) -> None:
+    """The Qwen3-VL vision tower reshapes tensors whose length comes from ``repeat_interleave`` by
+    grid sizes (position-embedding interpolation); the program keeps ``aten.sym_numel`` in its
+    runtime asserts, which only our translation lowers."""
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("Qwen3VLVisionModel")
+    inputs = build_inputs(model)
+    without = [w for w in registry._REGISTRY if w.func.__name__ != "_aten_sym_numel"]
+    saved = registry._REGISTRY[:]
+    registry._REGISTRY[:] = without
+    try:
+        with pytest.raises(ExportStageError, match="No ONNX function found for <OpOverload\\(op='aten.sym_numel'"):
+            OnnxExporter().export(model, inputs)
+    finally:
+        registry._REGISTRY[:] = saved
+    exporter = OnnxExporter()
+    program = exporter.export(model, inputs)
+    (report,) = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=exporter.default_atol)
+    assert report.ok and report.max_abs_diff < 1e-4

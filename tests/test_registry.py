@@ -135,10 +135,10 @@ def test_unresolved_path_is_skipped_with_one_warning(clean_registry):
     ]
 
 
-def test_loaded_only_patch_waits_for_its_module(clean_registry):
+def test_loaded_only_patch_waits_for_its_module(clean_registry, monkeypatch):
     import sys
 
-    assert "_lazy_targets" not in sys.modules
+    monkeypatch.delitem(sys.modules, "_lazy_targets", raising=False)
     register_patch("t.lazy", "_lazy_targets.Tower.forward", loaded_only=True)(lambda orig: lambda self, x: x + 1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -152,6 +152,7 @@ def test_loaded_only_patch_waits_for_its_module(clean_registry):
         assert installed == ["Tower.forward"]
         assert _lazy_targets.Tower().forward(1) == 2
     assert _lazy_targets.Tower().forward(1) == 1
+    assert registry._module_loaded("_lazy_targets.Tower.forward") and not registry._module_loaded("json.tool.main")
 
 
 def test_register_patch_refuses_bad_paths():

@@ -256,10 +256,14 @@ class _Installed:
 
 
 def _module_loaded(path: str) -> bool:
-    """Whether the module that holds ``path``'s owner is imported: ``owner`` for a module function,
-    the module before ``Class`` for a method (a package imported for its configuration alone does not count)."""
-    parts = path.split(".")
-    return any(".".join(parts[:i]) in sys.modules for i in (len(parts) - 1, len(parts) - 2) if i >= 1)
+    """Whether the module that holds ``path``'s owner is imported, without importing anything: the
+    owner itself for a module function, the module that defines the class for a method (a package
+    imported for its configuration alone does not count)."""
+    owner = path.rpartition(".")[0]
+    if owner in sys.modules:
+        return True
+    module, _, name = owner.rpartition(".")
+    return module in sys.modules and inspect.isclass(vars(sys.modules[module]).get(name))
 
 
 def _install(path: str, factory: Callable[..., Any]) -> _Installed | None:

@@ -263,18 +263,28 @@ def _block_diagonal_sdpa(
 
     Shapes: ``query`` (batch, heads, total_q, head_dim), ``key``/``value`` (batch, kv_heads, total_k,
     head_dim), packed segments described by ``cu_seq_lens_q``/``cu_seq_lens_k`` of shape (segments + 1,).
-    Query ``i`` attends to key ``j`` when both lie in the same segment (and, with ``is_causal``, when
-    ``j <= i``). Returns (batch, total_q, heads, head_dim), as transformers' attention functions do.
-    ``max_length_q``/``max_length_k`` are accepted and not needed. Without ``cu_seq_lens_*`` this is
-    :func:`_export_safe_sdpa`.
+    Query ``i`` attends to key ``j`` when both lie in the same segment and, when causal (``is_causal``,
+    or the module's ``is_causal`` when None), when ``j``'s place in its segment is at most ``i``'s plus
+    the segment's key length minus its query length (flash varlen's bottom-right alignment).
+    ``attention_mask``, when given with the boundaries, is applied over the packed sequence.
+    ``max_length_q``/``max_length_k`` are accepted and not needed. Returns (batch, total_q, heads,
+    head_dim), as transformers' attention functions do. Without ``cu_seq_lens_*`` this is
+    :func:`_export_safe_sdpa`. The mask is (total_q, total_k): quadratic in the packed length, where
+    a loop over the pieces costs the sum of each piece's square.
     """
     if cu_seq_lens_q is None or cu_seq_lens_k is None:
         return _export_safe_sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     segment_q = _segment_ids(cu_seq_lens_q, query.shape[2])
     segment_k = _segment_ids(cu_seq_lens_k, key.shape[2])
     mask = segment_q[:, None] == segment_k[None, :]
-    if is_causal:
-        mask = mask & (torch.arange(key.shape[2])[None, :] <= torch.arange(query.shape[2])[:, None])
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+    if causal:
+        starts_q, starts_k = cu_seq_lens_q.long(), cu_seq_lens_k.long()
+        place_q = torch.arange(query.shape[2], device=query.device) - starts_q[segment_q]
+        place_k = torch.arange(key.shape[2], device=key.device) - starts_k[segment_k]
+        lengths_q = starts_q[segment_q + 1] - starts_q[segment_q]
+        lengths_k = starts_k[segment_q + 1] - starts_k[segment_q]  # the key length of each query's segment
+        mask = mask & (place_k[None, :] <= (place_q + lengths_k - lengths_q)[:, None])
     mask = mask[None, None]
     if attention_mask is not None:
         mask = mask & attention_mask if attention_mask.dtype == torch.bool else torch.where(mask, attention_mask, torch.finfo(query.dtype).min)
@@ -295,8 +305,9 @@ def _patch_varlen_attention_as_block_mask(original: Any) -> Any:
     switched to :func:`_block_diagonal_sdpa`, whose name makes the forward take that branch, and
     ``max_seqlen`` is given as the packed length (an upper bound the mask does not need), so
     ``get_max_seqlen`` reads no value from the data. Same numbers as the per-piece loop up to the
-    summation order. Applies when the module is configured for ``sdpa`` or ``eager``; a flash or
-    flex configuration is left alone.
+    summation order. Applies when the module is configured for ``sdpa`` or ``eager`` and attention
+    weights are not asked for; a flash or flex configuration is left alone. The mask is quadratic in
+    the packed length (every image or frame together), where the loop costs each piece's square.
     Models: Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), Qwen3.5, Qwen-Omni, Qwen3-ASR, GLM-4V, GLM-OCR,
     GLM-Image, HunYuan-VL, LFM3-VL, VideoLLaMA3, PaddleOCR-VL, Radio, MiniCPM-V/OCR and the other
     towers listed in ``_VARLEN_ATTENTION_FORWARDS``.
@@ -311,9 +322,15 @@ def _patch_varlen_attention_as_block_mask(original: Any) -> Any:
     extra = next((p.name for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
 
     def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
         config = self.config
         implementation = config._attn_implementation
-        if implementation not in (None, "sdpa", "eager"):
+        if (
+            implementation not in (None, "sdpa", "eager")
+            or kwargs.get("output_attentions")  # eager returns per-piece weights; the varlen branch none
+            or _VARLEN_IMPLEMENTATION not in ALL_ATTENTION_FUNCTIONS  # registered by _patch_sdpa_attention
+        ):
             return original(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         hidden_states = bound.arguments.get("hidden_states")
@@ -347,8 +364,12 @@ def _patch_eager_experts_as_batched_mm(original: Any) -> Any:
     for ``experts_implementation="eager"``, gets that loop. ``batched_mm`` computes the same
     per-token expert projections by gathering each token's expert weights (shapes fixed by the token
     count and top-k), with the same layout flags (transposed, bias, gate, post-expert norm); only the
-    summation order differs. Other implementations (``grouped_mm``, kernels) are returned unchanged.
-    Models: OpenAIPrivacyFilterModel, LongcatFlashModel (sweep, data-dependent guard).
+    summation order differs. That holds in float32 only: OpenAI Privacy Filter's eager loop computes
+    in float32 whatever the weights' dtype, and ``batched_mm`` in the weights' dtype, so modules with
+    bf16/fp16 weights keep the eager loop (and the trace still fails there). ``batched_mm`` gathers one
+    copy of the expert weights per (token, top-k) pair: memory grows with tokens x top-k x expert size.
+    Other implementations (``grouped_mm``, kernels) are returned unchanged.
+    Models: OpenAIPrivacyFilterModel (sweep, data-dependent guard).
     Upstream: transformers integrations/moe.py (the eager experts loop over ``expert_hit``);
         pytorch/pytorch#125180 (data-dependent loops under torch.export)
     Remove when: transformers' eager experts forward has a trace-friendly path under
@@ -356,9 +377,16 @@ def _patch_eager_experts_as_batched_mm(original: Any) -> Any:
     """
 
     def get_interface(self: Any, experts_implementation: str, default: Any) -> Any:
-        if experts_implementation == "eager" and "batched_mm" in self:
-            return self["batched_mm"]
-        return original(self, experts_implementation, default)
+        if experts_implementation != "eager" or "batched_mm" not in self:
+            return original(self, experts_implementation, default)
+        batched = self["batched_mm"]
+
+        def experts_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if all(p.dtype == torch.float32 for p in module.parameters()):
+                return batched(module, *args, **kwargs)
+            return default(module, *args, **kwargs)
+
+        return experts_forward
 
     return get_interface
 

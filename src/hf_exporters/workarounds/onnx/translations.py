@@ -82,3 +82,20 @@ def _aten_grouped_mm(
     if out_dtype is not None and out_dtype != -1:
         result = op.Cast(result, to=out_dtype)
     return result
+
+
+@registry.register_onnx_translation("aten::sym_numel.default")
+def _aten_sym_numel(self: TensorType) -> INT64:
+    """``tensor.numel()`` of a tensor whose size is symbolic: a 0-d INT64, the product of its shape.
+
+    Pattern: ``x.numel()`` on a tensor whose length was read from data (a ``repeat_interleave`` by
+    image grid sizes in the vision towers' position-embedding interpolation,
+    ``get_vision_interpolation_indices_and_weights``) stays in the program as ``aten.sym_numel``,
+    which torchlib does not translate ("No ONNX function found for aten.sym_numel.default"); it has
+    ``sym_size`` only.
+    Models: Qwen3VLVisionModel, Qwen3_5VisionModel, CohereCompassVisionModel (onnx static in the sweep).
+    Upstream: onnxscript torchlib (``aten_sym_size`` but no ``aten_sym_numel`` in onnxscript 0.7.2; no
+        report found)
+    Remove when: torchlib translates ``aten::sym_numel``.
+    """
+    return op.ReduceProd(op.Shape(self), keepdims=0)
