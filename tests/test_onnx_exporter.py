@@ -465,3 +465,64 @@ def test_sym_numel_translation(tmp_path: Path) -> None:
     program = exporter.export(model, inputs)
     (report,) = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=exporter.default_atol)
     assert report.ok and report.max_abs_diff < 1e-4
+
+
+def test_fix_ir_unregistered_constants(tmp_path: Path) -> None:
+    """A Clip whose bounds the optimizer created but never registered: onnxruntime refuses the model
+    until the fix registers them (a graph) or turns them into Constant nodes (a function)."""
+    import onnxruntime as ort
+
+    from hf_exporters.workarounds.onnx.ir_fixes import _fix_ir_unregistered_constants
+
+    def clip_graph() -> tuple[ir.Graph, ir.Node]:
+        x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([3]))
+        low = ir.Value(name="x_min", const_value=ir.tensor(np.array(-1.0, dtype=np.float32), name="x_min"))
+        taken = ir.Value(name="x_min", const_value=ir.tensor(np.array(0.0, dtype=np.float32), name="x_min"))
+        high = ir.Value(name="x_max_1", const_value=ir.tensor(np.array(2.0, dtype=np.float32), name="x_max_1"))
+        clip = ir.node("Clip", [x, low, high])
+        clip.outputs[0].name, clip.outputs[0].type, clip.outputs[0].shape = "y", ir.TensorType(ir.DataType.FLOAT), ir.Shape([3])
+        graph = ir.Graph([x], clip.outputs, nodes=[clip], initializers=[taken], opset_imports={"": 18})
+        return graph, clip
+
+    graph, clip = clip_graph()
+    path = tmp_path / "clip.onnx"
+    ir.save(ir.Model(graph, ir_version=10), path)
+    with pytest.raises(Exception, match=r"Node input 'x_max_1' is not a graph input, initializer, or output of a previous node"):
+        ort.InferenceSession(str(path))
+    assert _fix_ir_unregistered_constants(graph) == 2
+    assert _fix_ir_unregistered_constants(graph) == 0
+    assert sorted(graph.initializers) == ["x_max_1", "x_min", "x_min_1"] and clip.inputs[1].name == "x_min_1"
+    ir.save(ir.Model(graph, ir_version=10), path)
+    (y,) = ort.InferenceSession(str(path)).run(None, {"x": np.array([-5.0, 0.5, 5.0], dtype=np.float32)})
+    assert y.tolist() == [-1.0, 0.5, 2.0]
+    # in a function the bounds become Constant nodes
+    graph, clip = clip_graph()
+    function = ir.Function("test", "clip_fn", graph=graph, attributes=[])
+    assert _fix_ir_unregistered_constants(function) == 2
+    assert [n.op_type for n in function] == ["Constant", "Constant", "Clip"]
+
+
+class _Erfinv(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.erfinv(x)
+
+
+def test_erfinv_translation(tmp_path: Path) -> None:
+    """ONNX has no inverse error function: the translation's polynomial matches torch in float32,
+    with torch's infinities at ±1 and NaN outside [-1, 1]."""
+    model = _Erfinv()
+    inputs = {"x": torch.cat([torch.linspace(-0.999999, 0.999999, 2001), torch.tensor([-1.0, 1.0, 0.0, 1.5, 0.9999999])])}
+    without = [w for w in registry._REGISTRY if w.func.__name__ != "_prims_erf_inv"]
+    saved = registry._REGISTRY[:]
+    registry._REGISTRY[:] = without
+    try:
+        with pytest.raises(ExportStageError, match="No ONNX function found for <OpOverload\\(op='prims.erf_inv'"):
+            OnnxExporter().export(model, inputs)
+    finally:
+        registry._REGISTRY[:] = saved
+    exporter = OnnxExporter()
+    run = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path))
+    got, want = torch.as_tensor(run(inputs)[0]), torch.erfinv(inputs["x"])
+    finite = torch.isfinite(want)
+    assert float(((got - want).abs() / want.abs().clamp_min(1e-6))[finite].max()) < 1e-6
+    assert got[-5:-3].tolist() == [float("-inf"), float("inf")] and got[-2].isnan()

@@ -29,3 +29,41 @@ def _fix_ir_topk_sorted(graph_like: ir.Graph | ir.Function) -> int:
                 node.attributes["sorted"] = ir.AttrInt64("sorted", 1)
                 changed += 1
     return changed
+
+
+@registry.register_onnx_ir_fix
+def _fix_ir_unregistered_constants(graph_like: ir.Graph | ir.Function) -> int:
+    """Give a home to constant node inputs that no node produces and no initializer holds.
+
+    Pattern: the onnxscript optimizer's Relu/Clip fusion (``_fuse_relus_clips``) builds the fused
+    ``Clip``'s bounds with ``op.initializer(..., name=f"{x}_min")``; when that name is taken (two
+    fusions on the same input), the value is renamed ``{x}_min_1`` and never registered, so
+    onnxruntime refuses the model: "Node input 'mul_8_min_1' is not a graph input, initializer, or
+    output of a previous node". Such a value still carries its tensor (``const_value``); in a graph
+    it is registered as an initializer (renamed if its name is taken), in a function (which has no
+    initializers) it becomes the output of a ``Constant`` node placed before its first user.
+    Models: Gemma4AudioModel (onnx static in the sweep).
+    Upstream: microsoft/onnxscript rewriter/rules/common/_fuse_relus_clips.py (``op.initializer`` with
+        a fixed name; no report found)
+    Remove when: the optimizer registers every initializer it creates.
+    """
+    graph = graph_like if isinstance(graph_like, ir.Graph) else graph_like.graph
+    changed = 0
+    for node in list(graph):
+        for index, value in enumerate(node.inputs):
+            if value is None or value.const_value is None or value.producer() is not None:
+                continue
+            if value.is_graph_input() or value.is_initializer():
+                continue
+            if isinstance(graph_like, ir.Graph):
+                base, suffix = value.name or "constant", 0
+                while value.name is None or (value.name in graph.initializers and graph.initializers[value.name] is not value):
+                    suffix += 1
+                    value.name = f"{base}_{suffix}"
+                graph.register_initializer(value)
+            else:
+                constant = ir.node("Constant", [], attributes={"value": value.const_value})
+                graph.insert_before(node, constant)
+                node.replace_input_with(index, constant.outputs[0])
+            changed += 1
+    return changed

@@ -99,3 +99,43 @@ def _aten_sym_numel(self: TensorType) -> INT64:
     Remove when: torchlib translates ``aten::sym_numel``.
     """
     return op.ReduceProd(op.Shape(self), keepdims=0)
+
+
+#: polynomial coefficients of the single-precision inverse error function (M. Giles, "Approximating
+#: the erfinv function", GPU Computing Gems Jade Edition, 2011): highest degree first, for the
+#: central region (w < 5, in w - 2.5) and the tails (in sqrt(w) - 3), w = -log((1 - x)(1 + x))
+_ERFINV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 2.1858087e-04,
+                   -1.25372503e-03, -4.17768164e-03, 0.246640727, 1.50140941)
+_ERFINV_TAIL = (-2.00214257e-04, 1.00950558e-04, 1.34934322e-03, -3.67342844e-03, 5.73950773e-03,
+                -7.6224613e-03, 9.43887047e-03, 1.00167406, 2.83297682)
+
+
+def _polynomial(w: TensorType, coefficients: tuple[float, ...]) -> TensorType:
+    result = op.CastLike(op.Constant(value_float=coefficients[0]), w)
+    for c in coefficients[1:]:
+        result = op.Add(op.Mul(result, w), op.CastLike(op.Constant(value_float=c), w))
+    return result
+
+
+@registry.register_onnx_translation("prims::erf_inv.default")
+def _prims_erf_inv(self: TensorType) -> TensorType:
+    """``torch.erfinv`` (decomposed to ``prims.erf_inv``): ONNX has no inverse error function.
+
+    Pattern: a normal quantile ``Normal(0, 1).icdf(p) = sqrt(2) * erfinv(2p - 1)``, which Gemma 3n's
+    activation sparsity computes from its target sparsity in forward; torchlib has no translation
+    ("No ONNX function found for prims.erf_inv.default"). Computed with Giles' single-precision
+    approximation (two polynomials in w = -log(1 - x^2), relative error about 4e-7 in float32);
+    ±1 give ±inf and |x| > 1 gives NaN, as torch does.
+    Models: Gemma3nTextModel, Gemma3nForCausalLM (onnx in the sweep).
+    Upstream: onnxscript torchlib (no ``erfinv`` / ``prims.erf_inv`` translation in onnxscript 0.7.2);
+        the ONNX operator set has no Erfinv
+    Remove when: torchlib translates ``aten::erfinv``.
+    """
+    one = op.CastLike(op.Constant(value_float=1.0), self)
+    w = op.Neg(op.Log(op.Mul(op.Sub(one, self), op.Add(one, self))))
+    central = _polynomial(op.Sub(w, op.CastLike(op.Constant(value_float=2.5), self)), _ERFINV_CENTRAL)
+    tail = _polynomial(op.Sub(op.Sqrt(w), op.CastLike(op.Constant(value_float=3.0), self)), _ERFINV_TAIL)
+    p = op.Where(op.Less(w, op.CastLike(op.Constant(value_float=5.0), self)), central, tail)
+    result = op.Mul(p, self)
+    infinity = op.Mul(op.Sign(self), op.CastLike(op.Constant(value_float=float("inf")), self))
+    return op.Where(op.Equal(op.Abs(self), one), infinity, result)
