@@ -364,3 +364,27 @@ def test_missing_operator_kernels_are_named(tmp_path, monkeypatch):
         "kernel for: aten::sort.values (rewrite them at export with a patch or FX fix into ops the kernel library "
         "has, or link a kernel library that registers them)"
     )
+
+
+class _SinkRowMax(torch.nn.Module):
+    """Attention with sinks subtracts the row maximum before the softmax: ``max.dim`` over the last
+    axis of a 4-D tensor, indices unused."""
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(scores - scores.max(dim=-1, keepdim=True).values, dim=-1)
+
+
+def test_fix_max_dim_for_xnnpack(tmp_path):
+    model, inputs = _SinkRowMax(), {"scores": _x(2, 4, 8, 9) * 10}
+    without = [w for w in registry._REGISTRY if w.func.__name__ != "_fix_max_dim_for_xnnpack"]
+    saved = registry._REGISTRY[:]
+    registry._REGISTRY[:] = without
+    try:
+        with pytest.raises(ExportStageError, match="amax.default only supports dim == 2 or dim == 3"):
+            ExecutorchExporter().export(model, inputs)
+    finally:
+        registry._REGISTRY[:] = saved
+    exporter = ExecutorchExporter()
+    path = exporter.save(exporter.export(model, inputs), tmp_path)
+    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-5)
+    assert report.ok and report.max_abs_diff < 1e-6

@@ -399,8 +399,8 @@ def _patch_eager_experts_as_batched_mm(original: Any) -> Any:
     """
 
     def get_interface(self: Any, experts_implementation: str, default: Any) -> Any:
-        if experts_implementation != "eager" or "batched_mm" not in self:
-            return original(self, experts_implementation, default)
+        if experts_implementation != "eager" or "batched_mm" not in self or "eager" in self:
+            return original(self, experts_implementation, default)  # "eager" registered: a backend's own choice
         batched = self["batched_mm"]
 
         def experts_forward(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:

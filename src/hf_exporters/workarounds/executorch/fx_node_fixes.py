@@ -4,3 +4,48 @@ Rewrites of single nodes of the traced graph into ops ExecuTorch can lower and r
 """
 
 from __future__ import annotations
+
+import operator
+
+import torch
+
+from ...registry import register_fx_node_fix
+
+
+@register_fx_node_fix("executorch.xnnpack")
+def _fix_max_dim_for_xnnpack(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Give XNNPACK only the ``max.dim`` calls its lowering can take.
+
+    Pattern: ``x.max(dim=-1, keepdim=True).values`` over a 4-D tensor (attention with sinks: the row
+    maximum subtracted before the softmax). XNNPACK's partitioner claims every 4-D ``max.dim`` whose
+    indices are unused, but its lowering turns it into ``amax`` and accepts only ``keepdim=True`` over
+    axis 2 or 3 written as a positive number, so the lowering stops with "amax.default only supports
+    dim == 2 or dim == 3"; written with a positive axis 3 it lowers, and returns wrong values (max abs
+    diff 3.2 on OpenAI Privacy Filter's sink attention, as upstream's exporter gets too). Every such
+    call becomes ``aten.amax``, which XNNPACK does not claim and the portable kernels run with eager's
+    values.
+    Models: OpenAIPrivacyFilterModel, HYV4Model (executorch in the sweep).
+    Upstream: pytorch/executorch backends/xnnpack/partition/config/node_configs.py (``MaxDimConfig``
+        checks rank, dtype and users but not the axis or keepdim); operators/op_max_dim.py
+    Remove when: ``MaxDimConfig`` refuses what ``op_max_dim`` cannot lower.
+    """
+    if node.target is not torch.ops.aten.max.dim:
+        return False
+    source, dim = node.args[0], node.args[1]
+    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.dim() != 4 or not isinstance(dim, int):
+        return False
+    if any(user.target is not operator.getitem or (user.args[1] != 0 and user.users) for user in node.users):
+        return False  # the indices are used: XNNPACK leaves the call alone
+    for user in [u for u in node.users if u.args[1] != 0]:
+        graph_module.graph.erase_node(user)  # an unused indices output, which the lowering drops too
+    axis = dim % 4
+    with graph_module.graph.inserting_before(node):
+        amax = graph_module.graph.call_function(torch.ops.aten.amax.default, (source, [axis], bool(keepdim)))
+    amax.meta = {**node.meta, "val": node.meta["val"][0] if "val" in node.meta else None}
+    for user in list(node.users):
+        user.replace_all_uses_with(amax)
+        graph_module.graph.erase_node(user)
+    graph_module.graph.erase_node(node)
+    return True
