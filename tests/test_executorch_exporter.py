@@ -388,3 +388,26 @@ def test_fix_max_dim_for_xnnpack(tmp_path):
     path = exporter.save(exporter.export(model, inputs), tmp_path)
     (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-5)
     assert report.ok and report.max_abs_diff < 1e-6
+
+
+def test_patch_sdpa_output_copy(tmp_path):
+    """GPT-2 views SDPA's transposed output as (-1, hidden); the lowering re-traces SDPA with the CPU
+    flash kernel's layout, which that recorded view cannot take, unless the output is copied."""
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=32)
+    torch.manual_seed(0)
+    model = transformers.GPT2Model(config).eval()
+    inputs = {"input_ids": torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))}
+    without = [w for w in registry._REGISTRY if w.func.__name__ != "_patch_sdpa_output_copy"]
+    saved = registry._REGISTRY[:]
+    registry._REGISTRY[:] = without
+    try:
+        with pytest.raises(ExportStageError, match=r"Cannot view a tensor with shape torch.Size\(\[2, 8, 32\]\)"):
+            ExecutorchExporter().export(model, inputs)
+    finally:
+        registry._REGISTRY[:] = saved
+    exporter = ExecutorchExporter()
+    path = exporter.save(exporter.export(model, inputs), tmp_path)
+    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-4)
+    assert report.ok and report.max_abs_diff < 1e-5

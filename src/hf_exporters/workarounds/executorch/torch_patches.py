@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ...registry import register_patch
 
 #: experts implementations whose trace ExecuTorch cannot run, each replaced by ``batched_mm``
@@ -37,7 +39,6 @@ def _patch_experts_batched_mm(original: dict[str, Callable[..., Any]]) -> dict[s
 
 
 def _static_size(tensor: Any, dim: int) -> int | None:
-    import torch
 
     size = tensor.shape[dim]
     return size if isinstance(size, int) and not isinstance(size, torch.SymInt) else None
@@ -129,10 +130,34 @@ def _patch_argsort_as_topk(original: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def argsort(input: Any, dim: int = -1, descending: bool = False, stable: bool = False) -> Any:  # noqa: A002 - torch's name
-        import torch
 
         if stable or input.dim() == 0 or input.dtype == torch.bool:
             return original(input, dim=dim, descending=descending, stable=stable)
         return torch.topk(input, input.shape[dim], dim=dim, largest=descending, sorted=True).indices
 
     return argsort
+
+
+@register_patch("executorch", "torch.nn.functional.scaled_dot_product_attention")
+def _patch_sdpa_output_copy(original: Any) -> Any:
+    """Return SDPA's output as an explicit contiguous copy.
+
+    Pattern: ``attn.transpose(1, 2).contiguous().view(...)`` after SDPA (GPT-2's ``Conv1D`` views its
+    input as ``(-1, hidden)``). While tracing, SDPA's fake output is a contiguous (N, H, L, E)
+    tensor, so the transpose's ``.contiguous()`` records nothing and the reshape is recorded as a
+    plain ``view``. ``to_edge`` re-traces SDPA through the CPU flash kernel, whose output is laid out
+    (N, L, H, E) and permuted: the recorded ``view`` then meets strides it cannot view and the
+    lowering stops with "Cannot view a tensor with shape torch.Size([2, 8, 64]) and strides
+    (64, 128, 1) as a tensor with shape (16, 64)". A ``clone`` is recorded whatever the layout, so
+    every later view sees the strides it was traced with. Costs one copy of the attention output.
+    Models: GPT2Model, GPT2LMHeadModel (executorch in the sweep and the smoke baseline).
+    Upstream: pytorch/pytorch ``_scaled_dot_product_flash_attention_for_cpu`` output strides differ
+        from the math kernel's fake output (no report found); executorch exir ``to_edge`` re-traces
+        the program with the CPU kernel choice
+    Remove when: the traced strides of SDPA match the kernel that the lowering decomposes to.
+    """
+
+    def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return original(*args, **kwargs).clone(memory_format=torch.contiguous_format)
+
+    return scaled_dot_product_attention
