@@ -411,3 +411,37 @@ def test_patch_sdpa_output_copy(tmp_path):
     path = exporter.save(exporter.export(model, inputs), tmp_path)
     (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-4)
     assert report.ok and report.max_abs_diff < 1e-5
+
+
+class _Bucketize(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("boundaries", torch.arange(1, 8) / 8, persistent=False)
+
+    def forward(self, coords: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(coords, self.boundaries, right=True) * 10 + torch.bucketize(coords, self.boundaries)
+
+
+def test_patch_bucketize_by_comparison(tmp_path):
+    """Position ids by bucketize (Idefics3): not core ATen and no portable kernel; the patch's
+    comparison count gives torch's buckets on both sides of a boundary, in the ExecuTorch runtime."""
+    from hf_exporters.workarounds.executorch.torch_patches import _patch_bucketize_by_comparison
+
+    ours = _patch_bucketize_by_comparison(torch.bucketize)
+    values, edges = torch.tensor([[0.0, 0.125, 0.13, 0.5], [0.99, 1.0, -1.0, 0.875]]), torch.arange(1, 8) / 8
+    for right in (False, True):
+        assert torch.equal(ours(values, edges, right=right), torch.bucketize(values, edges, right=right))
+    assert ours(values, edges, out_int32=True).dtype == torch.int32
+    model, inputs = _Bucketize(), {"coords": torch.tensor([[0.0, 0.125, 0.3, 0.5, 0.75, 0.9999]])}
+    without = [w for w in registry._REGISTRY if w.func.__name__ != "_patch_bucketize_by_comparison"]
+    saved = registry._REGISTRY[:]
+    registry._REGISTRY[:] = without
+    try:
+        with pytest.raises(ExportStageError, match="aten.bucketize.Tensor is not in Core ATen opset"):
+            ExecutorchExporter().export(model, inputs)
+    finally:
+        registry._REGISTRY[:] = saved
+    exporter = ExecutorchExporter()
+    path = exporter.save(exporter.export(model, inputs), tmp_path)
+    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=0)
+    assert report.ok and report.max_abs_diff == 0

@@ -161,3 +161,29 @@ def _patch_sdpa_output_copy(original: Any) -> Any:
         return original(*args, **kwargs).clone(memory_format=torch.contiguous_format)
 
     return scaled_dot_product_attention
+
+
+@register_patch("executorch", "torch.bucketize")
+def _patch_bucketize_by_comparison(original: Any) -> Any:
+    """``torch.bucketize(x, boundaries)`` as a count of the boundaries below each value.
+
+    Pattern: position ids from fractional patch coordinates, ``torch.bucketize(coords, boundaries,
+    right=True)`` (Idefics3 / SmolVLM vision embeddings). ``aten.bucketize.Tensor`` is not in the core
+    ATen opset ("SpecViolationError: Operator torch._ops.aten.bucketize.Tensor is not in Core ATen
+    opset") and the portable kernel library has no ``bucketize`` kernel either. For 1-D boundaries
+    the bucket index is the number of boundaries strictly below the value (``right=False``) or at or
+    below it (``right=True``): a broadcast comparison and a sum, ``x.numel() * len(boundaries)``
+    comparisons. Other calls (scalar input, N-D boundaries, a ``sorter``) go to ``torch.bucketize``.
+    Models: Idefics3VisionTransformer, Idefics3Model, SmolVLMModel (executorch in the sweep).
+    Upstream: executorch kernels/portable (no bucketize kernel in executorch 1.4.1); the op is not
+        core ATen (pytorch/pytorch torch/_decomp has no decomposition)
+    Remove when: ExecuTorch's portable library registers ``aten::bucketize.Tensor_out``.
+    """
+
+    def bucketize(input: Any, boundaries: Any, *, out_int32: bool = False, right: bool = False, out: Any = None) -> Any:
+        if out is not None or not isinstance(input, torch.Tensor) or not isinstance(boundaries, torch.Tensor) or boundaries.dim() != 1:
+            return original(input, boundaries, out_int32=out_int32, right=right, out=out)
+        below = boundaries <= input[..., None] if right else boundaries < input[..., None]
+        return below.sum(dim=-1, dtype=torch.int32 if out_int32 else torch.int64)
+
+    return bucketize
