@@ -118,7 +118,7 @@ def _polynomial(w: TensorType, coefficients: tuple[float, ...]) -> TensorType:
 
 
 @registry.register_onnx_translation("prims::erf_inv.default")
-def _prims_erf_inv(self: TensorType) -> TensorType:
+def _aten_erf_inv(self: TensorType) -> TensorType:
     """``torch.erfinv`` (decomposed to ``prims.erf_inv``): ONNX has no inverse error function.
 
     Pattern: a normal quantile ``Normal(0, 1).icdf(p) = sqrt(2) * erfinv(2p - 1)``, which Gemma 3n's
