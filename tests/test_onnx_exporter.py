@@ -526,3 +526,32 @@ def test_erfinv_translation(tmp_path: Path) -> None:
     finite = torch.isfinite(want)
     assert float(((got - want).abs() / want.abs().clamp_min(1e-6))[finite].max()) < 1e-6
     assert got[-5:-3].tolist() == [float("-inf"), float("inf")] and got[-2].isnan()
+
+
+class _CountPerExpert(torch.nn.Module):
+    """One expert: transformers' grouped_mm experts count tokens with histc(min=0, max=0)."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.histc(ids.float(), bins=1, min=0, max=0) * 2 + torch.histc(ids.float(), bins=3, min=0, max=2)
+
+
+def test_patch_histc_equal_bounds(tmp_path: Path) -> None:
+    from hf_exporters.workarounds.onnx.torch_patches import _patch_histc_equal_bounds
+
+    ours = _patch_histc_equal_bounds(torch.histc)
+    data = torch.tensor([0.0, 0.0, 1.5, 2.0, 3.0])
+    for bins, low, high in ((1, 0, 0), (3, 2, 2), (1, 3, 3), (4, 0, 3)):  # equal bounds: the data's range
+        assert torch.equal(ours(data, bins=bins, min=low, max=high), torch.histc(data, bins=bins, min=low, max=high))
+    model, inputs = _CountPerExpert(), {"ids": torch.tensor([0, 0, 2, 1, 2, 0])}
+    without = [w for w in registry._REGISTRY if w.func.__name__ != "_patch_histc_equal_bounds"]
+    saved = registry._REGISTRY[:]
+    registry._REGISTRY[:] = without
+    try:
+        with pytest.raises(ExportStageError, match=r"aten_histc with min == max \(0.0\) is not supported"):
+            OnnxExporter().export(model, inputs)
+    finally:
+        registry._REGISTRY[:] = saved
+    exporter = OnnxExporter()
+    run = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path))
+    (report,) = check_parity(model, run, [inputs], atol=0)
+    assert report.ok and torch.as_tensor(run(inputs)[0]).tolist() == [15.0, 13.0, 14.0]  # 6 * 2 + [3, 1, 2]

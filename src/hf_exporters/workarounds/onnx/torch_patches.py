@@ -63,3 +63,29 @@ def _patch_cummin_by_triangle(original: Any) -> Any:
     Remove when: torchlib translates ``aten.cummin``.
     """
     return _running_extreme(original, largest=False)
+
+
+@register_patch("onnx", "torch.histc", "torch.Tensor.histc")
+def _patch_histc_equal_bounds(original: Any) -> Any:
+    """``torch.histc`` with one bin and ``min == max``, in torch's meaning, which torchlib refuses.
+
+    Pattern: transformers' ``grouped_mm`` experts count tokens per expert with
+    ``torch.histc(ids, bins=num_experts, min=0, max=num_experts - 1)``; a model with one expert
+    (HunYuan-MoE-V1's default config) asks for one bin with ``min == max == 0``, and torchlib raises
+    "aten_histc with min == max (0.0) is not supported in this export path". torch reads equal
+    bounds as the data's own range (widened by 1 on each side when the data hold one value), so a
+    single bin counts every element (torch refuses data with NaN there). Several bins over the
+    data's range still go to ``torch.histc``.
+    Models: HunYuanMoEV1Model (onnx static in the sweep).
+    Upstream: microsoft/onnxscript torchlib ``aten_histc`` (refuses min == max in onnxscript 0.7.2);
+        torch semantics in aten/src/ATen/native/SummaryOps.cpp (``histc``)
+    Remove when: torchlib translates histc with equal bounds.
+    """
+    import torch
+
+    def histc(input: Any, bins: int = 100, min: float = 0, max: float = 0, *, out: Any = None) -> Any:  # noqa: A002 - torch's names
+        if out is not None or bins != 1 or isinstance(min, torch.Tensor) or isinstance(max, torch.Tensor) or min != max:
+            return original(input, bins=bins, min=min, max=max, out=out)
+        return (~torch.isnan(input)).sum().to(input.dtype).reshape(1)
+
+    return histc
