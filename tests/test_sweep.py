@@ -28,6 +28,12 @@ def test_tiny_config_keeps_the_key_value_head_ratio() -> None:
     assert config.vocab_size == tiny.VOCAB and config.max_position_embeddings <= tiny.POSITIONS
 
 
+def test_tiny_config_shrinks_a_predictor_s_heads_and_depth() -> None:
+    config = tiny.tiny_config(transformers.VJEPA2Config)  # predictor: 384 wide, 12 heads, 12 layers
+    assert config.pred_hidden_size % config.pred_num_attention_heads == 0
+    assert config.pred_num_attention_heads == tiny.HEADS and config.pred_num_hidden_layers == tiny.LAYERS
+
+
 def test_tiny_config_keeps_one_layer_of_each_kind() -> None:
     config = tiny.tiny_config(transformers.Gemma2Config)
     assert set(config.layer_types) == {"sliding_attention", "full_attention"}

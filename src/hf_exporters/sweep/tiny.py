@@ -56,10 +56,12 @@ _LAYER_KEYS = {
     "num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
     "num_decoder_layers", "num_encoder_layers", "decoder_num_layers", "encoder_num_layers",
     "num_text_layers", "num_vision_layers", "encoder_num_hidden_layers", "decoder_num_hidden_layers",
+    "pred_num_hidden_layers",
 }
 _HEAD_KEYS = {
     "num_attention_heads", "n_head", "n_heads", "encoder_attention_heads", "decoder_attention_heads",
     "decoder_num_attention_heads", "num_decoder_attention_heads", "encoder_num_attention_heads",
+    "pred_num_attention_heads",
 }
 _KV_HEAD_KEYS = {"num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "decoder_num_key_value_heads", "encoder_num_key_value_heads"}
 _VOCAB_KEYS = {"vocab_size", "text_vocab_size", "decoder_vocab_size", "target_vocab_size", "src_vocab_size", "tgt_vocab_size", "n_words"}
