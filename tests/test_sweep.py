@@ -373,6 +373,11 @@ def test_reports_from_a_synthetic_results_file(tmp_path: Path) -> None:
     assert "| ours | onnx | static | 4 | 2 | 1 | 1 | 50.0% |" in text and "data-dependent guard" in text
     assert (tmp_path / "pass_rates.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert json.loads((tmp_path / "summary.json").read_text())["classes_run"] == 4
+    # a dynamic pass without a second input set is named in the report
+    one, two = _record("ours", "onnx", True, "A", "pass"), _record("ours", "onnx", True, "B", "pass")
+    one["input_sets"], two["input_sets"] = 1, 2
+    report.write_reports(tmp_path, [*records, one, two], {"versions": {"transformers": "x"}})
+    assert "- ours onnx dynamic: 1 of 2 passes ran one input set only: A." in (tmp_path / "report.md").read_text()
 
 
 def test_failure_kinds_rank_by_classes_and_split_setup_from_export() -> None:

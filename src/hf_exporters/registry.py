@@ -366,8 +366,8 @@ def apply_fx_node_fixes(backend: str, graph_module: Any) -> int:
     consumed = 0
     for gm in _graph_modules(graph_module):
         for node in list(gm.graph.nodes):
-            if node.op != "call_function" or node.graph is not gm.graph:
-                continue
+            if node.op != "call_function" or node.graph is not gm.graph or getattr(node, "_erased", False):
+                continue  # a node an earlier fix erased is not offered
             for fix in fixes:
                 if fix(gm, node):
                     consumed += 1

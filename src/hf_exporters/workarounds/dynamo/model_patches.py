@@ -38,8 +38,8 @@ def _export_safe_sdpa(
     ``q_len`` that guards the length (a prefill graph then refuses one token, a decode graph refuses
     more) or leaves a ``SymBool`` that SDPA refuses. Here causality without a mask is an explicit
     boolean mask, with eager's semantics: one query token sees every key; several see keys up to their
-    own index (eager crops the keys to ``q_len`` there). A CPU call whose sizes were read from data runs
-    on SDPA's math backend (:func:`_math_sdpa_for_data_dependent_sizes`).
+    own index (eager crops the keys to ``q_len`` there). A CPU call whose sizes were read from data is
+    recorded as SDPA's math kernel (:func:`_has_data_dependent_sizes`).
     """
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     q_len, kv_len = query.shape[2], key.shape[2]
@@ -62,31 +62,33 @@ def _export_safe_sdpa(
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
-    with _math_sdpa_for_data_dependent_sizes(query, key, mask):
+    if _has_data_dependent_sizes(query, key, mask):
+        out = torch.ops.aten._scaled_dot_product_attention_math(query, key, value, mask, dropout, False, scale=scaling)[0]
+    else:
         out = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=False
         )
     return out.transpose(1, 2).contiguous(), None
 
 
-def _math_sdpa_for_data_dependent_sizes(*tensors: torch.Tensor | None) -> Any:
-    """SDPA's math backend while tracing a CPU call whose sizes were read from data; otherwise nothing.
+def _has_data_dependent_sizes(*tensors: torch.Tensor | None) -> bool:
+    """Whether a CPU tensor among ``tensors`` has a size read from data (an unbacked symbol).
 
-    CPU SDPA picks its kernel by comparing sizes (the flash kernel's checks compare the mask's key
-    axis with the keys', and the batch with 1), which with a size read from data fails the trace:
-    "Could not guard on data-dependent expression Eq(u0*u1, 4)" (SAM 3's mask over image tokens
-    counted from the data). The math backend makes no such choice. Programs whose sizes are all
-    known keep the kernel choice they had.
+    Such an SDPA call is recorded as SDPA's math kernel itself. CPU SDPA picks its kernel by
+    comparing sizes (the flash kernel's checks compare the mask's key axis with the keys', and the
+    batch with 1), which with a size read from data fails the trace with "Could not guard on
+    data-dependent expression Eq(u0*u1, 4)" (SAM 3's mask over image tokens counted from the data),
+    and would fail again in every later ``run_decompositions`` (ONNX, ExecuTorch) if the generic op
+    were recorded. The math kernel makes no such choice. Programs whose sizes are all known keep
+    the generic op and its kernel choice.
     Upstream: pytorch/pytorch#180202 (CPU SDPA guards on Eq(batch, 1))
     """
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    data_sized = any(
+    return any(
         t is not None and t.device.type == "cpu" and any(isinstance(d, torch.SymInt) and free_unbacked_symbols(d) for d in t.shape)
         for t in tensors
     )
-    return sdpa_kernel(SDPBackend.MATH) if data_sized else contextlib.nullcontext()
 
 
 @register_patch("dynamo", "transformers.modeling_utils.AttentionInterface._global_mapping")

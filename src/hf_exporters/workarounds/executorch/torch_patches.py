@@ -143,17 +143,18 @@ def _patch_sdpa_output_copy(original: Any) -> Any:
     """Return SDPA's output as an explicit contiguous copy.
 
     Pattern: ``attn.transpose(1, 2).contiguous().view(...)`` after SDPA (GPT-2's ``Conv1D`` views its
-    input as ``(-1, hidden)``). While tracing, SDPA's fake output is a contiguous (N, H, L, E)
-    tensor, so the transpose's ``.contiguous()`` records nothing and the reshape is recorded as a
-    plain ``view``. ``to_edge`` re-traces SDPA through the CPU flash kernel, whose output is laid out
-    (N, L, H, E) and permuted: the recorded ``view`` then meets strides it cannot view and the
-    lowering stops with "Cannot view a tensor with shape torch.Size([2, 8, 64]) and strides
-    (64, 128, 1) as a tensor with shape (16, 64)". A ``clone`` is recorded whatever the layout, so
-    every later view sees the strides it was traced with. Costs one copy of the attention output.
+    input as ``(-1, hidden)``). While tracing, the CPU flash kernel's fake output takes the query's
+    layout, so the transpose's ``.contiguous()`` records nothing and the reshape is recorded as a
+    plain ``view``. ``to_edge`` re-traces the program, and the flash kernel's decomposition lays its
+    output out (L, N, H, E) and permutes it back: the recorded ``view`` then meets strides it cannot
+    view and the lowering stops with "Cannot view a tensor with shape torch.Size([2, 8, 64]) and
+    strides (64, 128, 1) as a tensor with shape (16, 64)". A ``clone`` is recorded whatever the
+    layout, so every later view sees the strides it was traced with. Costs one copy of the attention
+    output (which XNNPACK may leave outside its partitions).
     Models: GPT2Model, GPT2LMHeadModel (executorch in the sweep and the smoke baseline).
-    Upstream: pytorch/pytorch ``_scaled_dot_product_flash_attention_for_cpu`` output strides differ
-        from the math kernel's fake output (no report found); executorch exir ``to_edge`` re-traces
-        the program with the CPU kernel choice
+    Upstream: pytorch/pytorch torch/_decomp/decompositions.py (the CPU flash attention decomposition
+        permutes its output to (L, N, H, E) and back, unlike the meta kernel's layout; no report
+        found); executorch exir ``to_edge`` re-traces the program
     Remove when: the traced strides of SDPA match the kernel that the lowering decomposes to.
     """
 
@@ -173,7 +174,8 @@ def _patch_bucketize_by_comparison(original: Any) -> Any:
     opset") and the portable kernel library has no ``bucketize`` kernel either. For 1-D boundaries
     the bucket index is the number of boundaries strictly below the value (``right=False``) or at or
     below it (``right=True``): a broadcast comparison and a sum, ``x.numel() * len(boundaries)``
-    comparisons. Other calls (scalar input, N-D boundaries, a ``sorter``) go to ``torch.bucketize``.
+    comparisons; NaN counts every boundary as below it, as torch's search does. Other calls (scalar
+    input, N-D boundaries, ``out=``) go to ``torch.bucketize``.
     Models: Idefics3VisionTransformer, Idefics3Model, SmolVLMModel (executorch in the sweep).
     Upstream: executorch kernels/portable (no bucketize kernel in executorch 1.4.1); the op is not
         core ATen (pytorch/pytorch torch/_decomp has no decomposition)
@@ -183,7 +185,8 @@ def _patch_bucketize_by_comparison(original: Any) -> Any:
     def bucketize(input: Any, boundaries: Any, *, out_int32: bool = False, right: bool = False, out: Any = None) -> Any:
         if out is not None or not isinstance(input, torch.Tensor) or not isinstance(boundaries, torch.Tensor) or boundaries.dim() != 1:
             return original(input, boundaries, out_int32=out_int32, right=right, out=out)
-        below = boundaries <= input[..., None] if right else boundaries < input[..., None]
+        # "not above" rather than "below", so NaN lands after every boundary, as torch's search puts it
+        below = ~(boundaries > input[..., None]) if right else ~(boundaries >= input[..., None])
         return below.sum(dim=-1, dtype=torch.int32 if out_int32 else torch.int64)
 
     return bucketize

@@ -40,30 +40,46 @@ def _fix_ir_unregistered_constants(graph_like: ir.Graph | ir.Function) -> int:
     fusions on the same input), the value is renamed ``{x}_min_1`` and never registered, so
     onnxruntime refuses the model: "Node input 'mul_8_min_1' is not a graph input, initializer, or
     output of a previous node". Such a value still carries its tensor (``const_value``); in a graph
-    it is registered as an initializer (renamed if its name is taken), in a function (which has no
-    initializers) it becomes the output of a ``Constant`` node placed before its first user.
+    it is registered as an initializer of the (sub)graph holding its user, renamed if another value of
+    the model has its name; in a function (which has no initializers) it becomes the output of a
+    ``Constant`` node placed before each user.
     Models: Gemma4AudioModel (onnx static in the sweep).
     Upstream: microsoft/onnxscript rewriter/rules/common/_fuse_relus_clips.py (``op.initializer`` with
         a fixed name; no report found)
     Remove when: the optimizer registers every initializer it creates.
     """
-    graph = graph_like if isinstance(graph_like, ir.Graph) else graph_like.graph
+    top = graph_like if isinstance(graph_like, ir.Graph) else graph_like.graph
+    taken = {v.name for n in ir.traversal.RecursiveGraphIterator(top) for v in (*n.inputs, *n.outputs) if v is not None}
+    taken |= {v.name for v in top.inputs} | set(top.initializers)
     changed = 0
-    for node in list(graph):
+    for node in list(ir.traversal.RecursiveGraphIterator(top)):
         for index, value in enumerate(node.inputs):
             if value is None or value.const_value is None or value.producer() is not None:
                 continue
             if value.is_graph_input() or value.is_initializer():
                 continue
-            if isinstance(graph_like, ir.Graph):
+            graph = node.graph
+            if isinstance(graph_like, ir.Graph) and graph is not None:
+                if any(v is value for v in graph.initializers.values()):
+                    continue
                 base, suffix = value.name or "constant", 0
-                while value.name is None or (value.name in graph.initializers and graph.initializers[value.name] is not value):
+                while value.name is None or (value.name in taken and not _only_user_is_stray(top, value)):
                     suffix += 1
                     value.name = f"{base}_{suffix}"
+                taken.add(value.name)
                 graph.register_initializer(value)
             else:
                 constant = ir.node("Constant", [], attributes={"value": value.const_value})
-                graph.insert_before(node, constant)
+                node.graph.insert_before(node, constant)
                 node.replace_input_with(index, constant.outputs[0])
             changed += 1
     return changed
+
+
+def _only_user_is_stray(graph: ir.Graph, value: ir.Value) -> bool:
+    """Whether every value named like ``value`` in ``graph`` (nested graphs included) is ``value``."""
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        for other in (*node.inputs, *node.outputs):
+            if other is not None and other is not value and other.name == value.name:
+                return False
+    return all(v is value for v in (*graph.inputs, *graph.initializers.values()) if v.name == value.name)

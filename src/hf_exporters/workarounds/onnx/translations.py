@@ -124,8 +124,8 @@ def _aten_erf_inv(self: TensorType) -> TensorType:
     Pattern: a normal quantile ``Normal(0, 1).icdf(p) = sqrt(2) * erfinv(2p - 1)``, which Gemma 3n's
     activation sparsity computes from its target sparsity in forward; torchlib has no translation
     ("No ONNX function found for prims.erf_inv.default"). Computed with Giles' single-precision
-    approximation (two polynomials in w = -log(1 - x^2), relative error about 4e-7 in float32);
-    ±1 give ±inf and |x| > 1 gives NaN, as torch does.
+    approximation (two polynomials in w = -log(1 - x^2), relative error about 4e-7: float32-grade
+    in every dtype, float64 included); ±1 give ±inf and |x| > 1 gives NaN, as torch does.
     Models: Gemma3nTextModel, Gemma3nForCausalLM (onnx in the sweep).
     Upstream: onnxscript torchlib (no ``erfinv`` / ``prims.erf_inv`` translation in onnxscript 0.7.2);
         the ONNX operator set has no Erfinv
