@@ -13,6 +13,7 @@ from hf_exporters.exporters._common import _STATEFUL_CACHE_ATTRS
 from hf_exporters.pipeline import default_model_path
 from hf_exporters.runtime import ExportedProgramRunner, check_parity, resized_inputs
 from hf_exporters.shapes import StaticAxis
+from workaround_helpers import without_workarounds
 
 
 @pytest.fixture(scope="module")
@@ -178,14 +179,9 @@ def test_patch_module_to_noop(tmp_path):
     from hf_exporters import registry
 
     model, inputs = _CastsItsClassifier(), {"x": torch.randn(2, 4)}
-    without = [w for w in registry._REGISTRY if w.func.__name__ != "_patch_module_to_noop"]
-    original = registry._REGISTRY[:]
-    registry._REGISTRY[:] = without
-    try:
+    with without_workarounds("_patch_module_to_noop"):
         with pytest.raises(ExportStageError, match="Couldn't swap Linear.weight"):
             DynamoExporter().export(model, inputs)
-    finally:
-        registry._REGISTRY[:] = original
     exporter = DynamoExporter()
     program = exporter.export(model, inputs)
     runner = exporter.load_runner(exporter.save(program, tmp_path))
@@ -212,7 +208,6 @@ def _qwen2_vl_vision_tower():
 
 
 def test_varlen_vision_attention_exports_as_one_block_diagonal_call(tmp_path):
-    from hf_exporters import registry
     from hf_exporters.workarounds.dynamo.model_patches import _block_diagonal_sdpa
 
     # the mask keeps each packed piece to itself: same numbers as one SDPA call per piece
@@ -235,14 +230,9 @@ def test_varlen_vision_attention_exports_as_one_block_diagonal_call(tmp_path):
     tower, inputs = _qwen2_vl_vision_tower()
     attention = type(tower.blocks[0].attn)
     original = attention.forward
-    without = [w for w in registry._REGISTRY if w.func.__name__ != "_patch_varlen_attention_as_block_mask"]
-    saved = registry._REGISTRY[:]
-    registry._REGISTRY[:] = without
-    try:
+    with without_workarounds("_patch_varlen_attention_as_block_mask"):
         with pytest.raises(ExportStageError, match=r"Could not guard on data-dependent expression Eq\(u\d+, 0\)"):
             DynamoExporter().export(tower, inputs)
-    finally:
-        registry._REGISTRY[:] = saved
     exporter = DynamoExporter()
     program = exporter.export(tower, inputs)
     runner = exporter.load_runner(exporter.save(program, tmp_path))
@@ -288,22 +278,15 @@ def test_expert_loops_over_data_export_without_them(tmp_path, model_class, worka
     fail the trace on a data-dependent guard; with the workaround they export with eager's numbers.
     OpenAI Privacy Filter defaults its experts to that eager loop and is traced with transformers'
     batched_mm experts; SwitchTransformers and DBRX write their own loops and become dense mixtures."""
-    from hf_exporters import registry
     from hf_exporters.sweep.inputs import build_inputs
     from hf_exporters.sweep.job import build_model
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
     model = build_model(model_class)
     inputs = build_inputs(model)
-    without = [w for w in registry._REGISTRY if w.func.__name__ != workaround]
-    assert len(without) < len(registry._REGISTRY)
-    saved = registry._REGISTRY[:]
-    registry._REGISTRY[:] = without
-    try:
+    with without_workarounds(workaround):
         with pytest.raises(ExportStageError, match="Could not guard on data-dependent expression"):
             DynamoExporter().export(model, inputs)
-    finally:
-        registry._REGISTRY[:] = saved
     exporter = DynamoExporter()
     program = exporter.export(model, inputs)
     (report,) = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=1e-4)

@@ -21,6 +21,7 @@ from hf_exporters.runtime import check_parity, resized_inputs  # noqa: E402
 from hf_exporters.runtime.et_runner import ExecutorchRunner  # noqa: E402
 from hf_exporters.shapes import StaticAxis, size_oblivious_sizes  # noqa: E402
 from hf_exporters.workarounds.executorch import fx_program_fixes  # noqa: E402
+from workaround_helpers import without_workarounds  # noqa: E402
 
 AUTO = torch.export.Dim.AUTO
 
@@ -376,14 +377,9 @@ class _SinkRowMax(torch.nn.Module):
 
 def test_fix_max_dim_for_xnnpack(tmp_path):
     model, inputs = _SinkRowMax(), {"scores": _x(2, 4, 8, 9) * 10}
-    without = [w for w in registry._REGISTRY if w.func.__name__ != "_fix_max_dim_for_xnnpack"]
-    saved = registry._REGISTRY[:]
-    registry._REGISTRY[:] = without
-    try:
+    with without_workarounds("_fix_max_dim_for_xnnpack"):
         with pytest.raises(ExportStageError, match="amax.default only supports dim == 2 or dim == 3"):
             ExecutorchExporter().export(model, inputs)
-    finally:
-        registry._REGISTRY[:] = saved
     exporter = ExecutorchExporter()
     path = exporter.save(exporter.export(model, inputs), tmp_path)
     (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-5)
@@ -399,14 +395,9 @@ def test_patch_sdpa_output_copy(tmp_path):
     torch.manual_seed(0)
     model = transformers.GPT2Model(config).eval()
     inputs = {"input_ids": torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))}
-    without = [w for w in registry._REGISTRY if w.func.__name__ != "_patch_sdpa_output_copy"]
-    saved = registry._REGISTRY[:]
-    registry._REGISTRY[:] = without
-    try:
+    with without_workarounds("_patch_sdpa_output_copy"):
         with pytest.raises(ExportStageError, match=r"Cannot view a tensor with shape torch.Size\(\[2, 8, 32\]\)"):
             ExecutorchExporter().export(model, inputs)
-    finally:
-        registry._REGISTRY[:] = saved
     exporter = ExecutorchExporter()
     path = exporter.save(exporter.export(model, inputs), tmp_path)
     (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-4)
@@ -433,14 +424,9 @@ def test_patch_bucketize_by_comparison(tmp_path):
         assert torch.equal(ours(values, edges, right=right), torch.bucketize(values, edges, right=right))
     assert ours(values, edges, out_int32=True).dtype == torch.int32
     model, inputs = _Bucketize(), {"coords": torch.tensor([[0.0, 0.125, 0.3, 0.5, 0.75, 0.9999]])}
-    without = [w for w in registry._REGISTRY if w.func.__name__ != "_patch_bucketize_by_comparison"]
-    saved = registry._REGISTRY[:]
-    registry._REGISTRY[:] = without
-    try:
+    with without_workarounds("_patch_bucketize_by_comparison"):
         with pytest.raises(ExportStageError, match="aten.bucketize.Tensor is not in Core ATen opset"):
             ExecutorchExporter().export(model, inputs)
-    finally:
-        registry._REGISTRY[:] = saved
     exporter = ExecutorchExporter()
     path = exporter.save(exporter.export(model, inputs), tmp_path)
     (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=0)

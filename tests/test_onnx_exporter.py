@@ -27,6 +27,7 @@ from hf_exporters.exporters import onnx as onnx_module  # noqa: E402
 from hf_exporters.exporters.onnx import OnnxExporter, newest_opset  # noqa: E402
 from hf_exporters.runtime import check_parity, resized_inputs  # noqa: E402
 from hf_exporters.shapes import StaticAxis  # noqa: E402
+from workaround_helpers import without_workarounds  # noqa: E402
 
 SOURCE = Path(onnx_module.__file__).read_text()
 
@@ -453,14 +454,9 @@ def test_sym_numel_translation(tmp_path: Path) -> None:
 
     model = build_model("Qwen3VLVisionModel")
     inputs = build_inputs(model)
-    without = [w for w in registry._REGISTRY if w.func.__name__ != "_aten_sym_numel"]
-    saved = registry._REGISTRY[:]
-    registry._REGISTRY[:] = without
-    try:
+    with without_workarounds("_aten_sym_numel"):
         with pytest.raises(ExportStageError, match="No ONNX function found for <OpOverload\\(op='aten.sym_numel'"):
             OnnxExporter().export(model, inputs)
-    finally:
-        registry._REGISTRY[:] = saved
     exporter = OnnxExporter()
     program = exporter.export(model, inputs)
     (report,) = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=exporter.default_atol)
@@ -512,14 +508,9 @@ def test_erfinv_translation(tmp_path: Path) -> None:
     with torch's infinities at ±1 and NaN outside [-1, 1]."""
     model = _Erfinv()
     inputs = {"x": torch.cat([torch.linspace(-0.999999, 0.999999, 2001), torch.tensor([-1.0, 1.0, 0.0, 1.5, 0.9999999])])}
-    without = [w for w in registry._REGISTRY if w.func.__name__ != "_aten_erf_inv"]
-    saved = registry._REGISTRY[:]
-    registry._REGISTRY[:] = without
-    try:
+    with without_workarounds("_aten_erf_inv"):
         with pytest.raises(ExportStageError, match="No ONNX function found for <OpOverload\\(op='prims.erf_inv'"):
             OnnxExporter().export(model, inputs)
-    finally:
-        registry._REGISTRY[:] = saved
     exporter = OnnxExporter()
     run = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path))
     got, want = torch.as_tensor(run(inputs)[0]), torch.erfinv(inputs["x"])
@@ -543,14 +534,9 @@ def test_patch_histc_equal_bounds(tmp_path: Path) -> None:
     for bins, low, high in ((1, 0, 0), (3, 2, 2), (1, 3, 3), (4, 0, 3)):  # equal bounds: the data's range
         assert torch.equal(ours(data, bins=bins, min=low, max=high), torch.histc(data, bins=bins, min=low, max=high))
     model, inputs = _CountPerExpert(), {"ids": torch.tensor([0, 0, 2, 1, 2, 0])}
-    without = [w for w in registry._REGISTRY if w.func.__name__ != "_patch_histc_equal_bounds"]
-    saved = registry._REGISTRY[:]
-    registry._REGISTRY[:] = without
-    try:
+    with without_workarounds("_patch_histc_equal_bounds"):
         with pytest.raises(ExportStageError, match=r"aten_histc with min == max \(0.0\) is not supported"):
             OnnxExporter().export(model, inputs)
-    finally:
-        registry._REGISTRY[:] = saved
     exporter = OnnxExporter()
     run = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path))
     (report,) = check_parity(model, run, [inputs], atol=0)
