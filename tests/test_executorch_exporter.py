@@ -431,3 +431,22 @@ def test_patch_bucketize_by_comparison(tmp_path):
     path = exporter.save(exporter.export(model, inputs), tmp_path)
     (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=0)
     assert report.ok and report.max_abs_diff == 0
+
+
+class _GaussianCutoff(torch.nn.Module):
+    """Gemma 3n's activation sparsity: a cut-off at the normal quantile of a target sparsity."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        quantile = torch.distributions.normal.Normal(0, 1).icdf(torch.tensor(0.95))
+        return torch.relu(x - x.mean(-1, keepdim=True) - x.std(-1, keepdim=True) * quantile) + torch.erfinv(torch.tanh(x))
+
+
+def test_patch_erfinv_by_polynomial(tmp_path):
+    model, inputs = _GaussianCutoff(), {"x": _x(2, 16) * 2}
+    with without_workarounds("_patch_erfinv_by_polynomial"):
+        with pytest.raises(ExportStageError, match="aten.erfinv.default is not in Core ATen opset"):
+            ExecutorchExporter().export(model, inputs)
+    exporter = ExecutorchExporter()
+    path = exporter.save(exporter.export(model, inputs), tmp_path)
+    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-4)
+    assert report.ok and report.max_abs_diff < 1e-4

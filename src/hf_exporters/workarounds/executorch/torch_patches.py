@@ -190,3 +190,28 @@ def _patch_bucketize_by_comparison(original: Any) -> Any:
         return below.sum(dim=-1, dtype=torch.int32 if out_int32 else torch.int64)
 
     return bucketize
+
+
+@register_patch("executorch", "torch.erfinv", "torch.Tensor.erfinv", "torch.special.erfinv")
+def _patch_erfinv_by_polynomial(_original: Any) -> Any:
+    """``torch.erfinv`` as Giles' single-precision polynomials in elementwise ops.
+
+    Pattern: a normal quantile ``Normal(0, 1).icdf(p)``, which calls ``torch.erfinv`` (Gemma 3n's
+    activation sparsity computes its cut-off from the target sparsity in forward). ``aten.erfinv`` is
+    not in the core ATen opset ("SpecViolationError: Operator torch._ops.aten.erfinv.default is not
+    in Core ATen opset") and the portable library has no kernel for it. The polynomials
+    (:mod:`hf_exporters.workarounds._erfinv`, shared with the ONNX translation) are float32-grade,
+    relative error about 4e-7; ±1 give ±inf and |x| > 1 NaN.
+    Models: Gemma3nTextModel, Gemma3nForCausalLM (executorch in the sweep).
+    Upstream: executorch kernels/portable (no erfinv kernel in executorch 1.4.1); pytorch/pytorch
+        (``aten.erfinv`` has no core-ATen decomposition)
+    Remove when: ExecuTorch registers an ``erfinv`` kernel or torch decomposes it.
+    """
+    from .._erfinv import erfinv_torch
+
+    def erfinv(input: Any, *, out: Any = None) -> Any:  # noqa: A002 - torch's name
+        if out is not None:
+            return _original(input, out=out)
+        return erfinv_torch(input)
+
+    return erfinv

@@ -13,6 +13,7 @@ from onnxscript import opset18 as op
 from onnxscript.onnx_types import INT64, TensorType
 
 from ... import registry
+from .._erfinv import ERFINV_CENTRAL, ERFINV_TAIL
 
 
 def _grouped_rows_matmul(rows: TensorType, weight: TensorType, offs: TensorType) -> TensorType:
@@ -101,15 +102,6 @@ def _aten_sym_numel(self: TensorType) -> INT64:
     return op.ReduceProd(op.Shape(self), keepdims=0)
 
 
-#: polynomial coefficients of the single-precision inverse error function (M. Giles, "Approximating
-#: the erfinv function", GPU Computing Gems Jade Edition, 2011): highest degree first, for the
-#: central region (w < 5, in w - 2.5) and the tails (in sqrt(w) - 3), w = -log((1 - x)(1 + x))
-_ERFINV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 2.1858087e-04,
-                   -1.25372503e-03, -4.17768164e-03, 0.246640727, 1.50140941)
-_ERFINV_TAIL = (-2.00214257e-04, 1.00950558e-04, 1.34934322e-03, -3.67342844e-03, 5.73950773e-03,
-                -7.6224613e-03, 9.43887047e-03, 1.00167406, 2.83297682)
-
-
 def _polynomial(w: TensorType, coefficients: tuple[float, ...]) -> TensorType:
     result = op.CastLike(op.Constant(value_float=coefficients[0]), w)
     for c in coefficients[1:]:
@@ -133,8 +125,8 @@ def _aten_erf_inv(self: TensorType) -> TensorType:
     """
     one = op.CastLike(op.Constant(value_float=1.0), self)
     w = op.Neg(op.Log(op.Mul(op.Sub(one, self), op.Add(one, self))))
-    central = _polynomial(op.Sub(w, op.CastLike(op.Constant(value_float=2.5), self)), _ERFINV_CENTRAL)
-    tail = _polynomial(op.Sub(op.Sqrt(w), op.CastLike(op.Constant(value_float=3.0), self)), _ERFINV_TAIL)
+    central = _polynomial(op.Sub(w, op.CastLike(op.Constant(value_float=2.5), self)), ERFINV_CENTRAL)
+    tail = _polynomial(op.Sub(op.Sqrt(w), op.CastLike(op.Constant(value_float=3.0), self)), ERFINV_TAIL)
     p = op.Where(op.Less(w, op.CastLike(op.Constant(value_float=5.0), self)), central, tail)
     result = op.Mul(p, self)
     infinity = op.Mul(op.Sign(self), op.CastLike(op.Constant(value_float=float("inf")), self))
