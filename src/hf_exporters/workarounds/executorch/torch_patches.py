@@ -150,7 +150,10 @@ def _patch_sdpa_output_copy(original: Any) -> Any:
     view and the lowering stops with "Cannot view a tensor with shape torch.Size([2, 8, 64]) and
     strides (64, 128, 1) as a tensor with shape (16, 64)". A ``clone`` is recorded whatever the
     layout, so every later view sees the strides it was traced with. Costs one copy of the attention
-    output (which XNNPACK may leave outside its partitions).
+    output (which XNNPACK may leave outside its partitions). Static sizes only: with symbolic sizes
+    (a decode step over a growing cache) the copy makes ``to_executorch`` fail instead ("_ViewSpec is
+    incompatible with its base on creation. It has shape_dynamism=1, but its base has
+    shape_dynamism=0", cases H3 and H15), so dynamic programs keep the plain output.
     Models: GPT2Model, GPT2LMHeadModel (executorch in the sweep and the smoke baseline).
     Upstream: pytorch/pytorch torch/_decomp/decompositions.py (the CPU flash attention decomposition
         permutes its output to (L, N, H, E) and back, unlike the meta kernel's layout; no report
@@ -159,7 +162,10 @@ def _patch_sdpa_output_copy(original: Any) -> Any:
     """
 
     def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
-        return original(*args, **kwargs).clone(memory_format=torch.contiguous_format)
+        out = original(*args, **kwargs)
+        if any(isinstance(size, torch.SymInt) for size in out.shape):
+            return out  # symbolic sizes: the copy's memory spec trips ExecuTorch's view pass instead
+        return out.clone(memory_format=torch.contiguous_format)
 
     return scaled_dot_product_attention
 
