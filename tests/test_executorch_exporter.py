@@ -367,6 +367,18 @@ def test_missing_operator_kernels_are_named(tmp_path, monkeypatch):
     )
 
 
+def _refused_without_then_parity(model, inputs, workaround, refusal, tmp_path, atol):
+    """Export ``model`` without ``workaround`` (the export must fail matching ``refusal``), then with
+    it, and return the parity report of the saved .pte run in executorch.runtime."""
+    with without_workarounds(workaround):
+        with pytest.raises(ExportStageError, match=refusal):
+            ExecutorchExporter().export(model, inputs)
+    exporter = ExecutorchExporter()
+    path = exporter.save(exporter.export(model, inputs), tmp_path)
+    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=atol)
+    return report
+
+
 class _SinkRowMax(torch.nn.Module):
     """Attention with sinks subtracts the row maximum before the softmax: ``max.dim`` over the last
     axis of a 4-D tensor, indices unused."""
@@ -377,12 +389,7 @@ class _SinkRowMax(torch.nn.Module):
 
 def test_fix_max_dim_for_xnnpack(tmp_path):
     model, inputs = _SinkRowMax(), {"scores": _x(2, 4, 8, 9) * 10}
-    with without_workarounds("_fix_max_dim_for_xnnpack"):
-        with pytest.raises(ExportStageError, match="amax.default only supports dim == 2 or dim == 3"):
-            ExecutorchExporter().export(model, inputs)
-    exporter = ExecutorchExporter()
-    path = exporter.save(exporter.export(model, inputs), tmp_path)
-    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-5)
+    report = _refused_without_then_parity(model, inputs, "_fix_max_dim_for_xnnpack", "amax.default only supports dim == 2 or dim == 3", tmp_path, atol=1e-5)
     assert report.ok and report.max_abs_diff < 1e-6
 
 
@@ -395,12 +402,7 @@ def test_patch_sdpa_output_copy(tmp_path):
     torch.manual_seed(0)
     model = transformers.GPT2Model(config).eval()
     inputs = {"input_ids": torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))}
-    with without_workarounds("_patch_sdpa_output_copy"):
-        with pytest.raises(ExportStageError, match=r"Cannot view a tensor with shape torch.Size\(\[2, 8, 32\]\)"):
-            ExecutorchExporter().export(model, inputs)
-    exporter = ExecutorchExporter()
-    path = exporter.save(exporter.export(model, inputs), tmp_path)
-    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-4)
+    report = _refused_without_then_parity(model, inputs, "_patch_sdpa_output_copy", r"Cannot view a tensor with shape torch.Size\(\[2, 8, 32\]\)", tmp_path, atol=1e-4)
     assert report.ok and report.max_abs_diff < 1e-5
 
 
@@ -424,12 +426,7 @@ def test_patch_bucketize_by_comparison(tmp_path):
         assert torch.equal(ours(values, edges, right=right), torch.bucketize(values, edges, right=right))
     assert ours(values, edges, out_int32=True).dtype == torch.int32
     model, inputs = _Bucketize(), {"coords": torch.tensor([[0.0, 0.125, 0.3, 0.5, 0.75, 0.9999]])}
-    with without_workarounds("_patch_bucketize_by_comparison"):
-        with pytest.raises(ExportStageError, match="aten.bucketize.Tensor is not in Core ATen opset"):
-            ExecutorchExporter().export(model, inputs)
-    exporter = ExecutorchExporter()
-    path = exporter.save(exporter.export(model, inputs), tmp_path)
-    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=0)
+    report = _refused_without_then_parity(model, inputs, "_patch_bucketize_by_comparison", "aten.bucketize.Tensor is not in Core ATen opset", tmp_path, atol=0)
     assert report.ok and report.max_abs_diff == 0
 
 
@@ -443,10 +440,5 @@ class _GaussianCutoff(torch.nn.Module):
 
 def test_patch_erfinv_by_polynomial(tmp_path):
     model, inputs = _GaussianCutoff(), {"x": _x(2, 16) * 2}
-    with without_workarounds("_patch_erfinv_by_polynomial"):
-        with pytest.raises(ExportStageError, match="aten.erfinv.default is not in Core ATen opset"):
-            ExecutorchExporter().export(model, inputs)
-    exporter = ExecutorchExporter()
-    path = exporter.save(exporter.export(model, inputs), tmp_path)
-    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-4)
+    report = _refused_without_then_parity(model, inputs, "_patch_erfinv_by_polynomial", "aten.erfinv.default is not in Core ATen opset", tmp_path, atol=1e-4)
     assert report.ok and report.max_abs_diff < 1e-4

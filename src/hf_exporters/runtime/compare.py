@@ -179,12 +179,8 @@ def resized_inputs(
     metas = [n.meta.get("val") for n in exported_program.graph.nodes if n.op == "placeholder" and n.name in user]
     metas = [m for m in metas if isinstance(m, torch.Tensor)]
     leaves, spec = pytree.tree_flatten(inputs)
-    names = [""] * len(leaves)
-    if axes is not None:
-        try:  # the input each leaf sits under; a container without key paths leaves its names empty
-            names = [str(getattr(path[0], "key", path[0])) if path else "" for path, _ in pytree.tree_flatten_with_path(inputs)[0]]
-        except (ValueError, TypeError):
-            pass
+    # the input each leaf sits under (a dict flattens its values in order, each value's leaves together)
+    names = [name for name, value in inputs.items() for _ in pytree.tree_leaves(value)]
     tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     if len(metas) != len(tensor_positions):
         return None

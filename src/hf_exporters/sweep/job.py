@@ -199,15 +199,20 @@ def expected_dynamic_axes(name: str, tensor: Any) -> set[int]:
     return axes
 
 
-def _eager_accepts(model: Any, inputs: dict[str, Any]) -> bool:
-    """Whether eager PyTorch runs ``model(**inputs)`` without raising."""
+def _take_second_set(model: Any, second: dict[str, Any] | None, input_sets: list[Any], record: dict[str, Any]) -> Any:
+    """Append ``second`` to ``input_sets`` when eager runs it, and return eager's outputs for it (the
+    parity check's expected values, so eager runs it once); a set eager refuses is recorded, not kept."""
     from ..runtime.compare import eager_outputs
 
+    if second is None:
+        return None
     try:
-        eager_outputs(model, inputs)
-    except Exception:  # noqa: BLE001 - any refusal means the input set is not one the model takes
-        return False
-    return True
+        expected = eager_outputs(model, second)
+    except Exception:  # noqa: BLE001 - any refusal means the model does not take these sizes
+        record["second_input_set"] = "eager refused the resized inputs"
+        return None
+    input_sets.append(second)
+    return expected
 
 
 def _unexpected_static(fixed: list[tuple[str, int, int]], inputs: dict[str, Any]) -> list[tuple[str, int, int]]:
@@ -364,6 +369,7 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
         ep = _exported_program(program)
 
     input_sets = [inputs]
+    second_expected = None  # eager's outputs on a second input set, computed when it is accepted
     if dynamic and ep is not None:
         requested = auto_dynamic_shapes(inputs)
         fixed = [(a.input, a.axis, a.size) for a in static_axes(ep, inputs, requested)]
@@ -371,12 +377,7 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
         fixed = _unexpected_static(fixed, inputs)
         # the batch and length axes grow, as for a program without its ExportedProgram (upstream's
         # ONNX): both engines are checked on the same sizes; free sizes on other axes keep theirs
-        second = resized_inputs(ep, inputs, axes=expected_dynamic_axes)
-        if second is not None and not _eager_accepts(model, second):
-            second = None  # the model itself refuses the grown sizes: no second set to compare
-            record["second_input_set"] = "eager refused the resized inputs"
-        if second is not None:
-            input_sets.append(second)
+        second_expected = _take_second_set(model, resized_inputs(ep, inputs, axes=expected_dynamic_axes), input_sets, record)
         if fixed:
             message = "axes asked to be dynamic ended static: " + ", ".join(f"{n}[axis {a}] = {s}" for n, a, s in fixed[:4])
             raise _Failed("exporter dynamic shapes", ValueError(message), f"ValueError: {message}", None)
@@ -385,11 +386,7 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
         second, fixed = _onnx_ir_resized(program, inputs)
         record["static_axes"] = [f"{n}[axis {a}] = {s}" for n, a, s in fixed]
         fixed = _unexpected_static(fixed, inputs)
-        if second is not None and not _eager_accepts(model, second):
-            second = None
-            record["second_input_set"] = "eager refused the resized inputs"
-        if second is not None:
-            input_sets.append(second)
+        second_expected = _take_second_set(model, second, input_sets, record)
         if fixed:
             message = "axes asked to be dynamic ended static: " + ", ".join(f"{n}[axis {a}] = {s}" for n, a, s in fixed[:4])
             raise _Failed("exporter dynamic shapes", ValueError(message), f"ValueError: {message}", None)
@@ -398,8 +395,8 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
         artifact = _save(ours, program, tmp)
         runner = _load_runner(ours, artifact, spec.get("runtime", "python"))
         worst = 0.0
-        for inputs_set in input_sets:
-            expected = eager_outputs(model, inputs_set)
+        for index, inputs_set in enumerate(input_sets):
+            expected = second_expected if index == 1 else eager_outputs(model, inputs_set)
             actual = runner(clone_tree(inputs_set))
             try:
                 report = ParityReport(_shapes(inputs_set), compare_leaves(expected, actual, ours.default_atol), ours.default_atol)
