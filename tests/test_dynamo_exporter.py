@@ -318,3 +318,42 @@ def test_sdpa_with_sizes_read_from_data_takes_the_math_backend(tmp_path, monkeyp
     (report,) = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=1e-4)
     assert report.ok and report.max_abs_diff < 1e-5
     program.run_decompositions()  # the lowerings' re-trace meets no kernel choice
+
+
+class _UnfoldsPatches(torch.nn.Module):
+    """MobileViTV2's pattern: stride-2 convolutions, then patches unfolded and folded back (2 x 2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(3 if i == 0 else 4, 4, 3, stride=2, padding=1) for i in range(5))
+
+    def forward(self, pixel_values):
+        x = pixel_values
+        for i, conv in enumerate(self.convs):
+            x = conv(x)
+            if i >= 2:
+                b, c, h, w = x.shape
+                patches = torch.nn.functional.unfold(x, kernel_size=(2, 2), stride=(2, 2)).reshape(b, c, 4, -1) * 2
+                x = torch.nn.functional.fold(patches.reshape(b, c * 4, -1), output_size=(h, w), kernel_size=(2, 2), stride=(2, 2))
+        return x
+
+
+def test_guards_the_constraint_solver_cannot_solve_trace_again_without_size_oblivious_reasoning():
+    torch.manual_seed(0)
+    model = _UnfoldsPatches().eval()
+    inputs = {"pixel_values": torch.randn(2, 3, 64, 64)}
+    auto = torch.export.Dim.AUTO
+    import torch.fx.experimental._config as fx_config
+
+    with fx_config.patch(backed_size_oblivious=True), pytest.raises(NotImplementedError, match="cannot be solved using"):
+        torch.export.export(model, (), dict(inputs), dynamic_shapes={"pixel_values": {0: auto, 2: auto, 3: auto}}, strict=False)
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    assert exporter.size_oblivious is False
+    assert exporter.static_axes == [StaticAxis("pixel_values", 1, 3)]  # the channels meet the first convolution
+    other = {"pixel_values": torch.randn(3, 3, 96, 64)}  # the program bounds the sides at 96
+    reports = check_parity(model, ExportedProgramRunner(program), [inputs, other], atol=1e-5)
+    assert [r.ok for r in reports] == [True, True]
+    linear = DynamoExporter()
+    linear.export(torch.nn.Linear(3, 4), {"input": torch.randn(2, 3)}, DynamoConfig(dynamic=True))
+    assert linear.size_oblivious is True  # a trace the solver can solve keeps size-oblivious reasoning

@@ -19,6 +19,7 @@ from ..shapes import StaticAxis, auto_dynamic_shapes, size_oblivious_sizes, stat
 from ._common import (
     clone_inputs,
     cleared_model_state,
+    first_line,
     flat_forward_signature,
     normalize_inputs,
     stage,
@@ -153,6 +154,51 @@ class DynamoExporter:
             raise ExportStageError(self.name, "AOTInductor compile", first_line(error), blamed_line(error)) from error
         return target
 
+    def _trace(self, model: torch.nn.Module, inputs: Mapping[str, Any], dynamic_shapes: Any, config: DynamoConfig) -> torch.export.ExportedProgram:
+        """``torch.export.export`` of ``model(**inputs)``; with dynamic shapes, under size-oblivious reasoning
+        (:func:`~hf_exporters.shapes.size_oblivious_sizes`) and, when that trace leaves guards torch's
+        constraint solver cannot solve, once more under torch's default reasoning.
+
+        Workaround: the solver hands each equality guard to sympy's ``reduce_inequalities``, which raises
+        ``NotImplementedError`` ("The inequality, Eq(x/4 - 4*(((x/8)//2)), 0), cannot be solved using
+        solve_univariate_inequality") on floor divisions. Size-oblivious reasoning records such guards where
+        the default reasoning decides them from the example sizes (MobileViTV2's patch unfolding over a
+        dynamic image side). The second trace specialises axes whose example size is 0 or 1, which
+        :func:`static_axes` reports.
+        Upstream: pytorch/pytorch#131897 (the solver fails on guards with floor division and rounding).
+        Remove when: torch's ``DimConstraints.solve`` skips the guards sympy cannot solve.
+
+        Raises:
+            Exception: whatever ``torch.export.export`` raises (the second trace's error when it ran).
+        """
+
+        def trace() -> torch.export.ExportedProgram:
+            return torch.export.export(
+                model,
+                args=(),
+                kwargs=clone_inputs(inputs),
+                dynamic_shapes=dynamic_shapes,
+                strict=config.strict,
+                prefer_deferred_runtime_asserts_over_guards=config.prefer_deferred_runtime_asserts_over_guards,
+            )
+
+        self.size_oblivious = dynamic_shapes is not None
+        if not self.size_oblivious:
+            return trace()
+        try:
+            with size_oblivious_sizes():
+                return trace()
+        except NotImplementedError as error:
+            if "cannot be solved using" not in str(error):
+                raise
+            logger.warning(
+                "%s: torch's constraint solver cannot solve a guard of the size-oblivious trace (%s); tracing again"
+                " with torch's default reasoning, which specialises axes of example size 0 or 1",
+                type(model).__name__, first_line(error),
+            )
+        self.size_oblivious = False
+        return trace()
+
     def export(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: DynamoConfig | None = None) -> torch.export.ExportedProgram:
         """Trace ``model`` called as ``model(**inputs)``.
 
@@ -191,22 +237,13 @@ class DynamoExporter:
                 if dynamic_shapes is None and config.dynamic:
                     dynamic_shapes = auto_dynamic_shapes(inputs)
                 self.dynamic_shapes = dynamic_shapes
-                if dynamic_shapes is not None:
-                    stack.enter_context(size_oblivious_sizes())
 
             # ── Stage 5: State cleanup ──
             with stage(self.name, "Stage 5: State cleanup"):
                 stack.enter_context(cleared_model_state(model))
 
             with stage(self.name, "trace (torch.export.export)"):
-                exported = torch.export.export(
-                    model,
-                    args=(),
-                    kwargs=clone_inputs(inputs),
-                    dynamic_shapes=dynamic_shapes,
-                    strict=config.strict,
-                    prefer_deferred_runtime_asserts_over_guards=config.prefer_deferred_runtime_asserts_over_guards,
-                )
+                exported = self._trace(model, inputs, dynamic_shapes, config)
 
         self.exported_program = exported
         self.static_axes = static_axes(exported, inputs, dynamic_shapes) if dynamic_shapes is not None else []
