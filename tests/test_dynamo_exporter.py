@@ -271,13 +271,16 @@ def test_varlen_patch_lists_every_split_per_piece_attention():
         ("OpenAIPrivacyFilterModel", "_patch_eager_experts_as_batched_mm"),
         ("SwitchTransformersModel", "_patch_switch_experts_dense"),
         ("DbrxModel", "_patch_dbrx_experts_dense"),
+        ("Step3p7Model", "_patch_step3p7_experts_dense"),
+        ("LongcatFlashModel", "_patch_longcat_flash_experts_dense"),
     ],
 )
 def test_expert_loops_over_data_export_without_them(tmp_path, model_class, workaround):
     """Mixture-of-experts layers that loop over the experts hit (``nonzero()`` of the routing mask)
     fail the trace on a data-dependent guard; with the workaround they export with eager's numbers.
     OpenAI Privacy Filter defaults its experts to that eager loop and is traced with transformers'
-    batched_mm experts; SwitchTransformers and DBRX write their own loops and become dense mixtures."""
+    batched_mm experts; SwitchTransformers, DBRX, Step 3.7 and LongCat-Flash (with its identity experts)
+    write their own loops and become dense mixtures."""
     from hf_exporters.sweep.inputs import build_inputs
     from hf_exporters.sweep.job import build_model
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
@@ -297,6 +300,31 @@ def test_expert_loops_over_data_export_without_them(tmp_path, model_class, worka
         # bf16 model keeps the loop (and the trace still stops on it)
         with pytest.raises(ExportStageError, match="Could not guard on data-dependent expression"):
             DynamoExporter().export(model.to(torch.bfloat16), inputs)
+
+
+def test_fsmt_padding_mask_without_the_any_branch(tmp_path):
+    """FSMT drops its padding mask when no token is padding (``if not padding_mask.any()``), a branch on
+    the token ids; the program keeps an all-False mask instead, which masks nothing: eager's numbers
+    on inputs with and without padding."""
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("FSMTModel")
+    inputs = build_inputs(model)
+    pad = model.config.pad_token_id
+    assert not bool((inputs["input_ids"] == pad).any())
+    with without_workarounds("_patch_fsmt_padding_mask_always"):
+        with pytest.raises(ExportStageError, match="Could not guard on data-dependent expression"):
+            DynamoExporter().export(model, inputs)
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs)
+    padded = {k: v.clone() for k, v in inputs.items()}
+    padded["input_ids"][0, -3:] = pad
+    padded["decoder_input_ids"][1, -2:] = pad
+    padded["attention_mask"][0, -3:] = 0
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, padded], atol=1e-4)
+    assert [r.ok for r in reports] == [True, True]
+    assert max(r.max_abs_diff for r in reports) < 1e-5
 
 
 def test_sdpa_with_sizes_read_from_data_takes_the_math_backend(tmp_path, monkeypatch):

@@ -481,3 +481,86 @@ def _patch_dbrx_experts_dense(_original: Any) -> Any:
         return out.view(batch_size, -1, self.hidden_size)
 
     return forward
+
+
+@register_patch("dynamo", "transformers.models.step3p7.modeling_step3p7.Step3p7Experts.forward", loaded_only=True)
+def _patch_step3p7_experts_dense(_original: Any) -> Any:
+    """Step 3.7's experts as a dense mixture: each expert's clamped GLU on every token, weighted by the
+    router's top-k weight (zero for experts it did not choose).
+
+    Pattern: as :func:`_patch_dbrx_experts_dense`: ``for expert_idx in hit`` over ``nonzero()`` of a
+    one-hot routing mask, then ``torch.where`` per expert; the class writes its own loop instead of
+    ``@use_experts_implementation``. Index ``num_experts`` means "no expert" and adds nothing, as in
+    the loop. Same numbers as the loop up to summation order; costs ``num_local_experts / top_k``
+    times the sparse layer's FLOPs.
+    Models: Step3p7Model, Step3p7ForCausalLM.
+    Upstream: transformers models/step3p7/modeling_step3p7.py (``Step3p7Experts.forward``);
+        pytorch/pytorch#125180 (data-dependent loops under export)
+    Remove when: Step 3.7's experts use ``@use_experts_implementation``.
+    """
+
+    def forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        # hidden_states (tokens, hidden); top_k_index, top_k_weights (tokens, k)
+        chosen = top_k_index[..., None] == torch.arange(self.num_experts, device=top_k_index.device)
+        weights = (chosen.to(top_k_weights.dtype) * top_k_weights[..., None]).sum(dim=1)
+
+        def expert(e: int, h: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(self._apply_gate(torch.nn.functional.linear(h, self.gate_up_proj[e])), self.down_proj[e])
+
+        return _dense_mixture(hidden_states, weights, expert, self.num_experts)
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.longcat_flash.modeling_longcat_flash.LongcatFlashExperts.forward", loaded_only=True)
+def _patch_longcat_flash_experts_dense(_original: Any) -> Any:
+    """LongCat-Flash's experts as a dense mixture: each routed expert's GLU, and each zero-computation
+    (identity) expert, on every token, weighted by the router's top-k weight (zero for experts it did
+    not choose).
+
+    Pattern: as :func:`_patch_dbrx_experts_dense`: ``for expert_idx_tensor in expert_hit`` over
+    ``nonzero()`` with ``.item()`` and ``torch.where`` per expert. Indices from ``n_routed_experts``
+    on are identity experts (the token passes through, times its weight), as in the loop. Same
+    numbers as the loop up to summation order; costs ``n_routed_experts / moe_topk`` times the sparse
+    layer's FLOPs.
+    Models: LongcatFlashModel, LongcatFlashForCausalLM.
+    Upstream: transformers models/longcat_flash/modeling_longcat_flash.py (``LongcatFlashExperts.forward``);
+        pytorch/pytorch#125180 (data-dependent loops under export)
+    Remove when: LongCat-Flash's experts use ``@use_experts_implementation``.
+    """
+
+    def forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        # hidden_states (tokens, hidden); top_k_index, top_k_weights (tokens, k)
+        chosen = top_k_index[..., None] == torch.arange(self.total_experts, device=top_k_index.device)
+        weights = (chosen.to(top_k_weights.dtype) * top_k_weights[..., None]).sum(dim=1)
+
+        def expert(e: int, h: torch.Tensor) -> torch.Tensor:
+            if e >= self.num_routed_experts or self.gate_up_proj is None:
+                return self.identity_expert(h)
+            gate, up = torch.nn.functional.linear(h, self.gate_up_proj[e]).chunk(2, dim=-1)
+            return torch.nn.functional.linear(self.act_fn(gate) * up, self.down_proj[e])
+
+        return _dense_mixture(hidden_states, weights, expert, self.total_experts)
+
+    return forward
+
+
+@register_patch("dynamo", "transformers.models.fsmt.modeling_fsmt.make_padding_mask", loaded_only=True)
+def _patch_fsmt_padding_mask_always(_original: Any) -> Any:
+    """FSMT's padding mask is always a tensor, also when no token is padding.
+
+    Pattern: ``if not padding_mask.any(): padding_mask = None`` branches on the token ids
+    ("Could not guard on data-dependent expression Eq(u0, 1)"). An all-False key padding mask masks
+    nothing (``masked_fill`` with it is the identity), so the mask without the branch gives the same
+    attention weights for every input.
+    Models: FSMTModel, FSMTForConditionalGeneration.
+    Upstream: transformers models/fsmt/modeling_fsmt.py (``make_padding_mask``);
+        pytorch/pytorch#125180 (data-dependent control flow under export)
+    Remove when: FSMT builds its padding mask without the ``any()`` branch.
+    """
+
+    def make_padding_mask(input_ids: torch.Tensor, padding_idx: int = 1) -> torch.Tensor:
+        # input_ids (batch, length) -> (batch, length) bool, True at padding tokens
+        return input_ids.eq(padding_idx)
+
+    return make_padding_mask
