@@ -163,6 +163,43 @@ def test_export_save_run_parity_dynamic(backend, tmp_path):
     assert all(r.max_abs_diff < 1e-5 for r in reports)
 
 
+class _AudioFeatureEncoder(torch.nn.Module):
+    """wav2vec2's feature encoder in small: strided 1-D convolutions over raw audio (batch, samples)."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList([torch.nn.Conv1d(1, 8, 10, stride=5), torch.nn.Conv1d(8, 8, 3, stride=2)])
+
+    def forward(self, input_values: torch.Tensor) -> torch.Tensor:
+        x = input_values[:, None]
+        for conv in self.convs:
+            x = torch.nn.functional.gelu(conv(x))
+        return x.transpose(1, 2)
+
+
+def test_patch_xnnpack_conv1d_one_dynamic_axis(tmp_path):
+    """XNNPACK lowers a 1-D convolution as a 2-D one between reshapes that take one dynamic axis; with
+    batch and length dynamic such convolutions stay on the portable kernel."""
+    torch.manual_seed(0)
+    model = _AudioFeatureEncoder().eval()
+    inputs = {"input_values": _x(2, 400)}
+    with without_workarounds("_patch_xnnpack_conv1d_one_dynamic_axis"):
+        with pytest.raises(ExportStageError, match="XNNPACK reshape only supports 1 dynamic dimension"):
+            ExecutorchExporter().export(model, inputs, ExecutorchConfig(dynamic=True))
+    exporter = ExecutorchExporter()
+    manager = exporter.export(model, inputs, ExecutorchConfig(dynamic=True))
+    path = exporter.save(manager, tmp_path)
+    assert exporter.static_axes == []
+    assert _top_level_convolutions(manager) == 2  # on the portable kernel
+    reports = check_parity(model, exporter.load_runner(path), [inputs, {"input_values": _x(3, 650)}], atol=1e-3)
+    assert [r.ok for r in reports] == [True, True] and max(r.max_abs_diff for r in reports) < 1e-5
+    assert _top_level_convolutions(ExecutorchExporter().export(model, inputs)) == 0  # static: XNNPACK takes them
+
+
+def _top_level_convolutions(manager) -> int:
+    return sum("convolution" in str(n.target) for n in manager.exported_program().graph.nodes if n.op == "call_function")
+
+
 class InPlaceUpdate(torch.nn.Module):
     def forward(self, state: torch.Tensor, x: torch.Tensor, scale: float):
         state.add_(x)

@@ -5,3 +5,43 @@ on valid dynamic-shape graphs.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...registry import register_patch
+
+
+def _symbolic_dims(node: torch.fx.Node) -> int:
+    """How many axes of ``node``'s output have a symbolic size."""
+    value = node.meta.get("val")
+    shape = getattr(value, "shape", ())
+    return sum(not isinstance(size, int) for size in shape)
+
+
+@register_patch("executorch.xnnpack", "executorch.backends.xnnpack.partition.config.gemm_configs.ConvolutionConfig.check_constraints")
+def _patch_xnnpack_conv1d_one_dynamic_axis(original: Any) -> Any:
+    """XNNPACK's partitioner claims a 1-D convolution only when its input has at most one symbolic
+    axis; one with more (dynamic batch and length) runs on the portable kernel.
+
+    Pattern: a ``Conv1d`` over (batch, channels, length) with batch and length dynamic (the raw-audio
+    feature encoders of wav2vec2-style models, convolutional position embeddings). XNNPACK lowers a
+    1-D convolution as a 2-D one between an ``unsqueeze`` and a ``squeeze`` (its Conv1dUnsqueezePass),
+    and serialises those as static reshapes, which take one dynamic axis: the lowering stopped on
+    "XNNPACK reshape only supports 1 dynamic dimension". 2-D convolutions are unaffected.
+    Models: UniSpeechSatModel with dynamic shapes; the wav2vec2-style raw-audio encoders share its
+    convolutional feature encoder.
+    Upstream: executorch backends/xnnpack/partition/config/gemm_configs.py (``ConvolutionConfig``
+        does not check what ``_passes/conv1d_unsqueeze_pass.py`` and ``operators/op_squeeze.py`` need)
+    Remove when: the XNNPACK convolution config refuses such 1-D convolutions, or XNNPACK's
+        reshape takes more than one dynamic axis.
+    """
+
+    def check_constraints(self: Any, node: torch.fx.Node, ep: Any) -> bool:
+        stride = node.args[3] if len(node.args) > 3 else ()
+        if len(stride) == 1 and _symbolic_dims(node.args[0]) > 1:
+            return False
+        return original(self, node, ep)
+
+    return check_constraints
