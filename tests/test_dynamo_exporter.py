@@ -327,6 +327,27 @@ def test_fsmt_padding_mask_without_the_any_branch(tmp_path):
     assert max(r.max_abs_diff for r in reports) < 1e-5
 
 
+def test_udop_merges_image_and_text_without_ragged_rows(tmp_path):
+    """UDOP keeps, per row, the image patches no OCR box centre falls in (a data-dependent count) and
+    pads them back; the patch builds the same rows with a stable sort and a mask."""
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("UdopModel")
+    inputs = build_inputs(model)
+    with without_workarounds("_patch_udop_combine_without_ragged_rows"):
+        with pytest.raises(ExportStageError, match="its data is not allocated yet"):
+            DynamoExporter().export(model, inputs)
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs)
+    other = {k: v.clone() for k, v in inputs.items()}
+    other["bbox"] = torch.rand(other["bbox"].shape, generator=torch.Generator().manual_seed(3)).sort(-1).values  # other boxes, other patches
+    other["bbox"][1, :2] = 0.0  # empty boxes (special tokens) add no image embedding
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, other], atol=1e-4)
+    assert [r.ok for r in reports] == [True, True]
+    assert max(r.max_abs_diff for r in reports) < 1e-5
+
+
 def test_sdpa_with_sizes_read_from_data_takes_the_math_backend(tmp_path, monkeypatch):
     """SAM 3's attention mask spans image tokens counted from the data; CPU SDPA's kernel choice
     compares that size with the key length and stops the trace, the math kernel does not; the

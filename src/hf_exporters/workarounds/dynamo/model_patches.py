@@ -564,3 +564,67 @@ def _patch_fsmt_padding_mask_always(_original: Any) -> Any:
         return input_ids.eq(padding_idx)
 
     return make_padding_mask
+
+
+@register_patch("dynamo", "transformers.models.udop.modeling_udop.combine_image_text_embeddings", loaded_only=True)
+def _patch_udop_combine_without_ragged_rows(original: Any) -> Any:
+    """UDOP's image/text merge with fixed-size rows: the image patches no OCR box points at, moved to
+    the front of each row in their order, then zeros, instead of a ragged list per row padded back.
+
+    Pattern: ``patch_inds[rows, cols] = False`` with ``rows, cols = zip(*ind)`` iterates a tensor in
+    Python, then ``image_embeddings[i][patch_inds[i]]`` keeps a data-dependent count per row before
+    ``pad_sequence`` pads it to the patch count. The trace stopped on the iteration ("The tensor has a
+    non-zero number of elements, but its data is not allocated yet"). Here the mask comes from one
+    ``scatter``, a stable sort by "pointed at" gathers the kept patches first, and a position-below-count
+    mask zeroes the rest: the same rows, bounding boxes and attention mask as the loop for the padded
+    length the model uses (``max_len=0``: the patch count). Other ``max_len`` values call the original.
+    Models: UdopModel, UdopForConditionalGeneration, UdopEncoderModel.
+    Upstream: transformers models/udop/modeling_udop.py (``combine_image_text_embeddings``);
+        pytorch/pytorch#125180 (data-dependent sizes under export)
+    Remove when: UDOP builds the merged rows without Python iteration over tensors.
+    """
+
+    def combine_image_text_embeddings(
+        image_embeddings: torch.Tensor,
+        inputs_embeds: torch.Tensor,
+        bbox: torch.Tensor,
+        visual_bbox: torch.Tensor | None,
+        attention_mask: torch.Tensor | None = None,
+        num_patches: int = 14,
+        max_len: int = 0,
+        image_size: int = 224,
+        patch_size: int = 16,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if max_len != 0:
+            return original(image_embeddings, inputs_embeds, bbox, visual_bbox, attention_mask, num_patches, max_len, image_size, patch_size)
+        from transformers.models.udop.modeling_udop import get_visual_bbox
+
+        # image_embeddings (batch, patches, hidden); inputs_embeds (batch, tokens, hidden); bbox (batch, tokens, 4)
+        batch, patches = image_embeddings.shape[:2]
+        side = num_patches
+        centre_x = torch.clip(torch.floor((bbox[:, :, 0] + bbox[:, :, 2]) / 2.0 * side).long(), 0, side - 1)
+        centre_y = torch.clip(torch.floor((bbox[:, :, 1] + bbox[:, :, 3]) / 2.0 * side).long(), 0, side - 1) * side
+        ocr_points = centre_x + centre_y  # (batch, tokens): the patch each token's box centre falls in
+        wide = bbox.to(torch.float64)
+        target_seg = (wide.mean(-1) == 0.0) | (wide.mean(-1) == 1.0)
+        repeated = torch.gather(image_embeddings, 1, ocr_points.unsqueeze(-1).expand(-1, -1, image_embeddings.size(-1)))
+        inputs_embeds = inputs_embeds + repeated.masked_fill(target_seg[..., None], 0.0)
+
+        kept = torch.ones(batch, patches, dtype=torch.bool, device=image_embeddings.device).scatter(1, ocr_points, False)
+        order = torch.argsort((~kept).to(torch.int8), dim=1, stable=True)  # kept patches first, in order
+        valid = torch.arange(patches, device=kept.device)[None, :] < kept.sum(dim=1, keepdim=True)
+        vision = torch.gather(image_embeddings, 1, order[..., None].expand(-1, -1, image_embeddings.size(-1)))
+        vision = vision * valid[..., None].to(vision.dtype)
+        if visual_bbox is None:
+            visual_bbox = get_visual_bbox(image_size=image_size, patch_size=patch_size)
+            visual_bbox = visual_bbox.unsqueeze(0).repeat(batch, 1, 1).to(image_embeddings.device)
+        boxes = torch.gather(visual_bbox, 1, order[..., None].expand(-1, -1, visual_bbox.size(-1)))
+        boxes = boxes * valid[..., None].to(boxes.dtype)
+
+        inputs_embeds = torch.cat([inputs_embeds, vision], 1)
+        bbox = torch.cat([wide, boxes.to(wide.dtype)], 1)  # float64, as the original returns
+        if attention_mask is not None:
+            attention_mask = torch.cat([attention_mask, valid.to(attention_mask.dtype)], 1)
+        return inputs_embeds, bbox, attention_mask
+
+    return combine_image_text_embeddings
