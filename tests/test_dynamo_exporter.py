@@ -329,7 +329,7 @@ def test_fsmt_padding_mask_without_the_any_branch(tmp_path):
 
 def test_udop_merges_image_and_text_without_ragged_rows(tmp_path):
     """UDOP keeps, per row, the image patches no OCR box centre falls in (a data-dependent count) and
-    pads them back; the patch builds the same rows with a stable sort and a mask."""
+    pads them back; the patch builds the same rows by scattering each kept patch to its rank."""
     from hf_exporters.sweep.inputs import build_inputs
     from hf_exporters.sweep.job import build_model
 

@@ -575,9 +575,10 @@ def _patch_udop_combine_without_ragged_rows(original: Any) -> Any:
     Python, then ``image_embeddings[i][patch_inds[i]]`` keeps a data-dependent count per row before
     ``pad_sequence`` pads it to the patch count. The trace stopped on the iteration ("The tensor has a
     non-zero number of elements, but its data is not allocated yet"). Here the mask comes from one
-    ``scatter``, a stable sort by "pointed at" gathers the kept patches first, and a position-below-count
-    mask zeroes the rest: the same rows, bounding boxes and attention mask as the loop for the padded
-    length the model uses (``max_len=0``: the patch count). Other ``max_len`` values call the original.
+    ``scatter``, each kept patch is scattered to its rank among the kept ones (a cumulative sum), and
+    the rest stays zero: the same rows, bounding boxes and attention mask as the loop for the padded
+    length the model uses (``max_len=0``: the patch count), with no sort (which ONNX and ExecuTorch
+    lack in its stable form). Other ``max_len`` values call the original.
     Models: UdopModel, UdopForConditionalGeneration, UdopEncoderModel.
     Upstream: transformers models/udop/modeling_udop.py (``combine_image_text_embeddings``);
         pytorch/pytorch#125180 (data-dependent sizes under export)
@@ -611,15 +612,19 @@ def _patch_udop_combine_without_ragged_rows(original: Any) -> Any:
         inputs_embeds = inputs_embeds + repeated.masked_fill(target_seg[..., None], 0.0)
 
         kept = torch.ones(batch, patches, dtype=torch.bool, device=image_embeddings.device).scatter(1, ocr_points, False)
-        order = torch.argsort((~kept).to(torch.int8), dim=1, stable=True)  # kept patches first, in order
+        # each kept patch goes to its rank among the kept ones; the others to a spare slot, cut off after
+        dest = torch.where(kept, kept.cumsum(dim=1) - 1, patches)[..., None]
         valid = torch.arange(patches, device=kept.device)[None, :] < kept.sum(dim=1, keepdim=True)
-        vision = torch.gather(image_embeddings, 1, order[..., None].expand(-1, -1, image_embeddings.size(-1)))
-        vision = vision * valid[..., None].to(vision.dtype)
+
+        def compact(rows: torch.Tensor) -> torch.Tensor:
+            spare = rows.new_zeros(batch, patches + 1, rows.size(-1))
+            return spare.scatter(1, dest.expand(-1, -1, rows.size(-1)), rows)[:, :patches]
+
+        vision = compact(image_embeddings)
         if visual_bbox is None:
             visual_bbox = get_visual_bbox(image_size=image_size, patch_size=patch_size)
             visual_bbox = visual_bbox.unsqueeze(0).repeat(batch, 1, 1).to(image_embeddings.device)
-        boxes = torch.gather(visual_bbox, 1, order[..., None].expand(-1, -1, visual_bbox.size(-1)))
-        boxes = boxes * valid[..., None].to(boxes.dtype)
+        boxes = compact(visual_bbox)
 
         inputs_embeds = torch.cat([inputs_embeds, vision], 1)
         bbox = torch.cat([wide, boxes.to(wide.dtype)], 1)  # float64, as the original returns
