@@ -306,6 +306,25 @@ def _trajectory(config: Any, generator: torch.Generator) -> dict[str, torch.Tens
     }
 
 
+def _patch_sequences(config: Any, names: set[str], generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Images already cut into patch rows, as a processor of variable-resolution images gives them.
+
+    ``pixel_values`` ``(batch, 16, channels * patch_size ** 2)`` (a 4 x 4 patch grid, the vision config's channels
+    and patch size), ``spatial_shapes`` ``(batch, 2)`` = ``[[4, 4], ...]`` (int64) and, when the forward takes it,
+    ``pixel_attention_mask`` ``(batch, 16)`` of ones (no padding patch).
+    """
+    vision = _vision(config)
+    side = 4
+    count = side * side
+    inputs = {
+        "pixel_values": torch.randn(BATCH, count, _channels(vision) * _patch(vision) ** 2, generator=generator),
+        "spatial_shapes": torch.tensor([[side, side]] * BATCH, dtype=torch.long),
+    }
+    if "pixel_attention_mask" in names:
+        inputs["pixel_attention_mask"] = torch.ones(BATCH, count, dtype=torch.long)
+    return inputs
+
+
 def _packed_images(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """``BATCH`` images of a 4 x 4 patch grid packed side by side, for a vision tower taking ``target_sizes``.
 
@@ -334,7 +353,8 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     - vision tower on flattened patches (``hidden_states``/``pixel_values`` with ``grid_thw``/``image_grid_thw``):
       one image, grid ``[[1, h, w]]`` with ``h = w = 2 * spatial_merge_size``, patches ``(h * w, channels *
       temporal_patch_size * patch_size ** 2)``, and ``merge_sizes`` ``(1,)`` when asked;
-    - patch sequences with ``spatial_shapes`` ``(batch, 2)`` and ``pixel_attention_mask`` ``(batch, 16)``, or with
+    - patch sequences with ``spatial_shapes`` ``(batch, 2)`` and ``pixel_attention_mask`` ``(batch, 16)`` (also for an
+      image-text model whose forward takes ``spatial_shapes`` optionally: :func:`_patch_sequences`), or with
       ``pixel_position_ids`` ``(batch, 16, 2)``: ``pixel_values`` ``(batch, 16, channels * patch_size ** 2)``;
     - video (``pixel_values_videos``, or ``pixel_values`` when the config has ``num_frames``):
       ``(batch, frames, channels, height, width)``; several images per sample (``image_attention_mask``):
@@ -412,12 +432,7 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
             merge = int(_get(config, "spatial_merge_size", "merge_size", default=1))
             inputs["merge_sizes"] = torch.full((1,), merge, dtype=torch.long)
     if "spatial_shapes" in required and "pixel_values" in names:  # patch sequences with their (h, w) grid
-        side = 4
-        count = side * side
-        inputs["pixel_values"] = torch.randn(BATCH, count, _channels(config) * _patch(config) ** 2, generator=generator)
-        inputs["spatial_shapes"] = torch.tensor([[side, side]] * BATCH, dtype=torch.long)
-        if "pixel_attention_mask" in names:
-            inputs["pixel_attention_mask"] = torch.ones(BATCH, count, dtype=torch.long)
+        inputs.update(_patch_sequences(config, names, generator))
     if "pixel_position_ids" in required and "pixel_values" in names:  # patch sequences with (x, y) positions
         side = 4
         rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
@@ -433,6 +448,8 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
             inputs["pixel_values"] = _image(config).unsqueeze(1)
             if "input_ids" in inputs:
                 inputs["image_attention_mask"] = torch.ones(BATCH, SEQ, 1, dtype=torch.long)
+        elif "spatial_shapes" in names:  # an image-text model whose vision tower reads patch sequences
+            inputs.update(_patch_sequences(config, names, generator))
         else:
             inputs["pixel_values"] = _image(config)
     queries, image_token = _get(config, "num_query_tokens"), _get(config, "image_token_id", "image_token_index")
