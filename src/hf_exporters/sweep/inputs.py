@@ -55,18 +55,29 @@ def _patch(config: Any) -> int:
     return int(size[-1] if isinstance(size, (list, tuple)) else size)
 
 
+#: model_type -> why its vision tower reads each flattened patch as a ``(channels, patch_size, patch_size)`` image
+#: (the processor's layout), not as one row: the patch embedding is a ``Conv2d`` applied to the patches as given
+PATCH_IMAGES: dict[str, str] = {
+    "kimi_k25_vision": "the image processor keeps each patch as a small image and the patch Conv2d reads it as given",
+}
+
+
 def _flat_patches(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Flattened patches and their grid for a vision tower that takes one token row per patch.
 
     Returns ``(patches, grid_thw)``: ``grid_thw`` is ``[[1, h, w]]`` (int64, shape ``(1, 3)``) with ``h = w = 2 *
-    merge`` (the config's spatial merge size) and ``patches`` has shape ``(h * w, channels * temporal_patch_size *
-    patch_size ** 2)``.
+    merge`` (the config's spatial merge size, or the side of its ``merge_kernel_size``) and ``patches`` has shape
+    ``(h * w, channels * temporal_patch_size * patch_size ** 2)``, or ``(h * w, channels, patch_size, patch_size)``
+    for the families of :data:`PATCH_IMAGES`.
     """
-    merge = int(_get(config, "spatial_merge_size", "merge_size", default=1))
+    kernel = _get(config, "merge_kernel_size", default=None)
+    merge = int(_get(config, "spatial_merge_size", "merge_size", default=None) or (max(kernel) if kernel else 1))
     side = 2 * merge
     temporal = int(_get(config, "temporal_patch_size", "patch_temporal", default=1))
-    width = _channels(config) * temporal * _patch(config) ** 2
     grid = torch.tensor([[1, side, side]], dtype=torch.long)
+    if getattr(config, "model_type", None) in PATCH_IMAGES:
+        return torch.randn(side * side, _channels(config), _patch(config), _patch(config), generator=generator), grid
+    width = _channels(config) * temporal * _patch(config) ** 2
     return torch.randn(side * side, width, generator=generator), grid
 
 
