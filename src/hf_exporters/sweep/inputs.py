@@ -55,10 +55,20 @@ def _patch(config: Any) -> int:
     return int(size[-1] if isinstance(size, (list, tuple)) else size)
 
 
-#: model_type -> why its vision tower reads each flattened patch as a ``(channels, patch_size, patch_size)`` image
-#: (the processor's layout), not as one row: the patch embedding is a ``Conv2d`` applied to the patches as given
-PATCH_IMAGES: dict[str, str] = {
-    "kimi_k25_vision": "the image processor keeps each patch as a small image and the patch Conv2d reads it as given",
+#: model_type -> (patch layout, why): vision towers on flattened patches whose processor lays the patches out
+#: otherwise than one row per patch. ``"patch image"``: each patch a ``(channels, patch_size, patch_size)`` image;
+#: ``"merged block"``: one ``(merge * patch_size, merge * patch_size, channels)`` block of pixels per merged token,
+#: in [-1, 1], with the grid counted in merged tokens.
+PATCH_LAYOUTS: dict[str, tuple[str, str]] = {
+    "kimi_k25_vision": (
+        "patch image",
+        "the image processor keeps each patch as a small image and the patch Conv2d reads it as given",
+    ),
+    "inkling2_vision": (
+        "merged block",
+        "the processor gives one block of pixels (channels last) per language-model image token and counts"
+        " image_grid_thw in those tokens; the embedding cuts each block into merge x merge patches itself",
+    ),
 }
 
 
@@ -67,18 +77,23 @@ def _flat_patches(config: Any, generator: torch.Generator) -> tuple[torch.Tensor
 
     Returns ``(patches, grid_thw)``: ``grid_thw`` is ``[[1, h, w]]`` (int64, shape ``(1, 3)``) with ``h = w = 2 *
     merge`` (the config's spatial merge size, or the side of its ``merge_kernel_size``) and ``patches`` has shape
-    ``(h * w, channels * temporal_patch_size * patch_size ** 2)``, or ``(h * w, channels, patch_size, patch_size)``
-    for the families of :data:`PATCH_IMAGES`.
+    ``(h * w, channels * temporal_patch_size * patch_size ** 2)``. The families of :data:`PATCH_LAYOUTS` get their
+    processor's layout: ``(h * w, channels, patch_size, patch_size)``, or ``h = w = 2`` merged tokens and ``(4, merge *
+    patch_size, merge * patch_size, channels)``.
     """
     kernel = _get(config, "merge_kernel_size", default=None)
     merge = int(_get(config, "spatial_merge_size", "merge_size", default=None) or (max(kernel) if kernel else 1))
     side = 2 * merge
     temporal = int(_get(config, "temporal_patch_size", "patch_temporal", default=1))
-    grid = torch.tensor([[1, side, side]], dtype=torch.long)
-    if getattr(config, "model_type", None) in PATCH_IMAGES:
-        return torch.randn(side * side, _channels(config), _patch(config), _patch(config), generator=generator), grid
-    width = _channels(config) * temporal * _patch(config) ** 2
-    return torch.randn(side * side, width, generator=generator), grid
+    channels, patch = _channels(config), _patch(config)
+    layout = PATCH_LAYOUTS.get(getattr(config, "model_type", None), ("row", ""))[0]
+    if layout == "patch image":
+        return torch.randn(side * side, channels, patch, patch, generator=generator), torch.tensor([[1, side, side]])
+    if layout == "merged block":
+        block = torch.rand(4, merge * patch, merge * patch, channels, generator=generator) * 2 - 1
+        return block, torch.tensor([[1, 2, 2]])
+    width = channels * temporal * patch**2
+    return torch.randn(side * side, width, generator=generator), torch.tensor([[1, side, side]])
 
 
 def _frames(config: Any) -> int:
