@@ -112,8 +112,14 @@ def _video(config: Any, generator: torch.Generator) -> torch.Tensor:
     return torch.randn(BATCH, frames, *image.shape[1:], generator=generator)
 
 
-def _is_video(config: Any) -> bool:
-    return _get(_vision(config), "num_frames", default=None) is not None or _get(config, "num_frames", default=None) is not None
+def _is_video(model: torch.nn.Module, config: Any) -> bool:
+    """Whether ``pixel_values`` is a clip: the config counts frames (``num_frames``), or the model reads video and
+    no still image (its ``input_modalities``)."""
+    if _get(_vision(config), "num_frames", default=None) is not None or _get(config, "num_frames", default=None) is not None:
+        return True
+    modalities = getattr(model, "input_modalities", ())
+    modalities = (modalities,) if isinstance(modalities, str) else tuple(modalities)
+    return "video" in modalities and "image" not in modalities
 
 
 def _front_end(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -382,7 +388,8 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     - patch sequences with ``spatial_shapes`` ``(batch, 2)`` and ``pixel_attention_mask`` ``(batch, 16)`` (also for an
       image-text model whose forward takes ``spatial_shapes`` optionally: :func:`_patch_sequences`), or with
       ``pixel_position_ids`` ``(batch, 16, 2)``: ``pixel_values`` ``(batch, 16, channels * patch_size ** 2)``;
-    - video (``pixel_values_videos``, or ``pixel_values`` when the config has ``num_frames``):
+    - video (``pixel_values_videos``, or ``pixel_values`` when the config has ``num_frames`` or the model reads video
+      and no image):
       ``(batch, frames, channels, height, width)``; several images per sample (``image_attention_mask``):
       ``pixel_values`` ``(batch, 1, channels, height, width)`` and ``image_attention_mask`` ``(batch, seq, 1)``;
     - ``prompt_pixel_values``/``prompt_masks``: the image's shape, image and prompt each half the config's height;
@@ -403,8 +410,8 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
       (:func:`_channel_table`);
     - an encoder-decoder taking both ``input_ids`` and ``input_features`` (alternative encoder inputs) gets the
       features only, its ``attention_mask`` ``(batch, frames)`` covering them;
-    - image queries spliced into the text (config ``num_query_tokens`` and an image token id): ``input_ids`` and
-      ``attention_mask`` lengthened by ``num_query_tokens`` placeholder tokens in front;
+    - image queries spliced into the text (config ``num_query_tokens`` and an image or video token id): ``input_ids``
+      and ``attention_mask`` lengthened by ``num_query_tokens`` placeholder tokens (per frame of a clip) in front;
     - a required ``hidden_states`` read by a ``Conv1d`` front end: latents ``(batch, hidden_size, 8)`` when it reads
       ``hidden_size`` channels, else the waveform of :func:`_waveform`;
     - time series: ``past_values`` ``(batch, context_length[, num_input_channels])`` (a long context is cut to
@@ -468,7 +475,7 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     if "pixel_values_videos" in names and (main == "pixel_values_videos" or "pixel_values_videos" in required):
         inputs["pixel_values_videos"] = _video(config, generator)
     if "pixel_values" in names and "pixel_values" not in inputs and (main == "pixel_values" or "pixel_values" in required or not placeholder_image or "input_ids" not in inputs):
-        if _is_video(config):
+        if _is_video(model, config):
             inputs["pixel_values"] = _video(config, generator)
         elif "image_attention_mask" in names and "bool_masked_pos" not in names:  # several images per sample: (batch, images, channels, height, width)
             inputs["pixel_values"] = _image(config).unsqueeze(1)
@@ -478,10 +485,13 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
             inputs.update(_patch_sequences(config, names, generator))
         else:
             inputs["pixel_values"] = _image(config)
-    queries, image_token = _get(config, "num_query_tokens"), _get(config, "image_token_id", "image_token_index")
+    queries = _get(config, "num_query_tokens")
+    image_token = _get(config, "image_token_id", "image_token_index", "video_token_id", "video_token_index")
     if queries and image_token is not None and "pixel_values" in inputs and "input_ids" in inputs and inputs["input_ids"].dim() == 2:
-        # the querying transformer's outputs replace num_query_tokens placeholders, put before the text
-        placeholders = torch.full((BATCH, int(queries)), int(image_token), dtype=torch.long)
+        # the querying transformer's outputs replace num_query_tokens placeholders (per frame of a clip), put
+        # before the text
+        frames = inputs["pixel_values"].shape[1] if inputs["pixel_values"].dim() == 5 else 1
+        placeholders = torch.full((BATCH, int(queries) * frames), int(image_token), dtype=torch.long)
         inputs["input_ids"] = torch.cat([placeholders, inputs["input_ids"]], dim=1)
         if "attention_mask" in inputs:
             inputs["attention_mask"] = torch.ones(inputs["input_ids"].shape, dtype=torch.long)

@@ -781,11 +781,12 @@ def _follow_image_size(original: dict[str, Any], shrunk: dict[str, Any], old_sid
 
 
 def _query_placeholder(fields: dict[str, Any]) -> None:
-    """A model that splices its ``num_query_tokens`` image queries into the text at placeholder tokens, with the
-    placeholder id left unset (``None`` compares the ids to ``None``): the id becomes the last of the vocabulary."""
+    """A model that splices its ``num_query_tokens`` image (or per-frame video) queries into the text at placeholder
+    tokens, with the placeholder id left unset (``None`` compares the ids to ``None``): the id becomes the last of
+    the vocabulary."""
     if "num_query_tokens" not in fields:
         return
-    for key in ("image_token_index", "image_token_id"):
+    for key in ("image_token_index", "image_token_id", "video_token_index", "video_token_id"):
         if key in fields and fields[key] is None:
             fields[key] = VOCAB - 1
             return
