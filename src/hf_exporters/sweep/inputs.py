@@ -72,6 +72,12 @@ PATCH_LAYOUTS: dict[str, tuple[str, str]] = {
 }
 
 
+#: model_type -> why the model matches an image pair without a ``keypoint_detector_config`` to tell it
+IMAGE_PAIRS: dict[str, str] = {
+    "efficientloftr": "a detector-free matcher: its own backbone reads both images of the pair",
+}
+
+
 def _flat_patches(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Flattened patches and their grid for a vision tower that takes one token row per patch.
 
@@ -422,7 +428,8 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
       2)``: 1 at the image's latent queries after the first token (``input_ids`` and ``attention_mask`` lengthened);
     - offline-RL trajectories (``states``/``actions``, config ``state_dim``): see ``_trajectory``; ``target_sizes``:
       several images' patches packed in one row, see ``_packed_images``;
-    - config ``keypoint_detector_config``: ``pixel_values`` as an image pair ``(batch, 2, channels, height, width)``;
+    - config ``keypoint_detector_config`` (or a family of :data:`IMAGE_PAIRS`): ``pixel_values`` as an image pair
+      ``(batch, 2, channels, height, width)``;
     - ``action_embeds`` ``(batch, chunk_size + 1, action expert hidden)``, with a one-camera prefix ``pixel_values``
       ``(batch, 1, channels, height, width)``, ``pixel_attention_mask`` ``(batch, 1)`` and image placeholders in
       ``input_ids``; ``context_hidden_states`` with config ``target_layer_ids``: ``(batch, seq, hidden * layers)``;
@@ -564,7 +571,8 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
         inputs.update({k: v for k, v in _trajectory(config, generator).items() if k in names})
     if "target_sizes" in names and "pixel_values" in required:  # patches of several images packed in one row
         inputs["pixel_values"], inputs["target_sizes"] = _packed_images(config, generator)
-    if _get(config, "keypoint_detector_config") is not None and "pixel_values" in inputs and inputs["pixel_values"].dim() == 4:
+    pair = _get(config, "keypoint_detector_config") is not None or getattr(config, "model_type", None) in IMAGE_PAIRS
+    if pair and "pixel_values" in inputs and inputs["pixel_values"].dim() == 4:
         # keypoint matching: an image pair per sample, (batch, 2, channels, height, width)
         image = inputs["pixel_values"]
         inputs["pixel_values"] = torch.stack([image, torch.randn(image.shape, generator=generator)], dim=1)

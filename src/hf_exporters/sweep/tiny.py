@@ -100,6 +100,15 @@ def _intraclass_block() -> dict[str, list[Any]]:
     return block
 
 
+class _Derived:
+    def __repr__(self) -> str:
+        return "DERIVED"
+
+
+#: an override value that removes the field: a value the config class derives from other fields when it is not
+#: passed (``to_dict()`` passes the full-size derived value back, which the class then keeps)
+DERIVED = _Derived()
+
 #: model_type -> (fields to set after the generic rule, why the generic rule cannot serve the family)
 FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "whisper": (
@@ -245,6 +254,15 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         "the image is cut into patch_size-pixel crops at a quarter of its side and each crop is a sub-model's"
         " image (the config sets their image_size to it): 16-pixel crops of 8-pixel patches for a 64-pixel image",
     ),
+    "efficientloftr": (
+        {
+            "rope_parameters": {"partial_rotary_factor": HEADS / 2},
+            **dict.fromkeys(("stage_block_out_channels", "stage_block_in_channels", "fine_fusion_dims"), DERIVED),
+        },
+        "the 2-D rotary table is hidden_size // 2 wide, half of it per image axis: head_dim * partial_rotary_factor"
+        " must stay hidden_size / 2, so the factor is half the head count (4.0 for the defaults' 8 heads); the"
+        " per-block channel lists and fusion widths are derived from out_features",
+    ),
     "deberta-v2": (
         {"position_buckets": 16},
         "relative position buckets must not exceed max_position_embeddings after shrinking",
@@ -270,9 +288,12 @@ def _scale_list(values: list[Any], target_first: int) -> list[Any]:
 
 
 def _merge(fields: dict[str, Any], changes: dict[str, Any]) -> None:
-    """``changes`` set into ``fields``, dictionaries (sub-configs, rope parameters) merged key by key."""
+    """``changes`` set into ``fields``, dictionaries (sub-configs, rope parameters) merged key by key; a field set
+    to :data:`DERIVED` is removed."""
     for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(fields.get(key), dict):
+        if value is DERIVED:
+            fields.pop(key, None)
+        elif isinstance(value, dict) and isinstance(fields.get(key), dict):
             _merge(fields[key], value)
         else:
             fields[key] = copy.deepcopy(value)
