@@ -32,12 +32,26 @@ def _sub(config: Any, *names: str) -> Any:
     return config
 
 
+#: model_type -> ((height, width), why): images of a size the config does not tell, as the processor gives them
+IMAGE_SIZES: dict[str, tuple[tuple[int, int], str]] = {
+    "pp_ocrv5_mobile_rec": (
+        (48, 320),
+        "a text-line recogniser: the processor resizes to 48 pixels high and pads to 320 wide, and the model"
+        " pools the last feature map (3 high) with a (3, 2) window",
+    ),
+}
+
+
 def _image(config: Any) -> torch.Tensor:
+    """``pixel_values`` ``(batch, channels, height, width)`` at the (vision) config's ``image_size`` (64 when it names
+    none), or at the processor's size for the families of :data:`IMAGE_SIZES`."""
     vision = _sub(config, "vision_config", "image_config", "backbone_config", "encoder_config")
     size = _get(vision, "image_size", default=None) or _get(config, "image_size", default=64)
     if isinstance(size, dict):
         size = size.get("height", 64)
     height, width = (size, size) if isinstance(size, int) else tuple(size)[:2]
+    if getattr(config, "model_type", None) in IMAGE_SIZES:
+        height, width = IMAGE_SIZES[config.model_type][0]
     channels = _get(vision, "num_channels", default=None) or _get(config, "num_channels", default=3)
     return torch.randn(BATCH, channels, height, width)
 

@@ -100,6 +100,19 @@ def _intraclass_block() -> dict[str, list[Any]]:
     return block
 
 
+def _text_line_blocks() -> list[list[list[Any]]]:
+    """The PP-LCNetV3 backbone's default blocks (kernel, in, out, stride, squeeze-excitation) with a text-line
+    recogniser's strides: after the stem, the height halves three times (``[2, 1]``) and the width once
+    (``[1, 2]``), so a 48-pixel line leaves 3 rows (the defaults halve both sides at every stage, for detection)."""
+    return [
+        [[3, 16, 32, 1, False]],
+        [[3, 32, 64, 1, False], [3, 64, 64, 1, False]],
+        [[3, 64, 128, [2, 1], False], [3, 128, 128, 1, False]],
+        [[3, 128, 256, [1, 2], False]] + [[5, 256, 256, 1, False]] * 4,
+        [[5, 256, 512, [2, 1], True], [5, 512, 512, 1, True], [5, 512, 512, [2, 1], False], [5, 512, 512, 1, False]],
+    ]
+
+
 class _Derived:
     def __repr__(self) -> str:
         return "DERIVED"
@@ -262,6 +275,11 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         "the 2-D rotary table is hidden_size // 2 wide, half of it per image axis: head_dim * partial_rotary_factor"
         " must stay hidden_size / 2, so the factor is half the head count (4.0 for the defaults' 8 heads); the"
         " per-block channel lists and fusion widths are derived from out_features",
+    ),
+    "pp_ocrv5_mobile_rec": (
+        {"backbone_config": {"block_configs": _text_line_blocks()}},
+        "the config's default backbone is the detection one, which cuts a 48-pixel text line to 2 rows; the model"
+        " pools the last feature map with a (3, 2) window, which needs the recogniser's 3 rows",
     ),
     "deberta-v2": (
         {"position_buckets": 16},
