@@ -122,6 +122,28 @@ class _Derived:
 #: passed (``to_dict()`` passes the full-size derived value back, which the class then keeps)
 DERIVED = _Derived()
 
+
+#: PP-LCNetV4 stage widths of the tiny text detectors' backbone
+_DETECTION_WIDTHS = [16, 32, 48, 64]
+
+
+def _detection_backbone() -> dict[str, Any]:
+    """A tiny PP-LCNetV4 backbone laid out for a text detector: every stage after the first halves both sides
+    (the feature pyramid's necks upsample each level by 2 onto the one before), all four stages are outputs.
+    Its derived fields (``stage_out_channels``, ``depths``, ``stage_names``) are left to the config class."""
+    w = _DETECTION_WIDTHS
+    blocks = [[[3, w[0], w[0], 1, False]]]
+    blocks += [[[3, w[i - 1], w[i], 2, False], [3, w[i], w[i], 1, i % 2 == 1]] for i in range(1, len(w))]
+    return {
+        "block_configs": blocks,
+        "stem_channels": [3, w[0], w[0]],
+        "out_features": [f"stage{i}" for i in range(1, len(w) + 1)],
+        "out_indices": list(range(1, len(w) + 1)),
+        **dict.fromkeys(("stage_out_channels", "depths", "stage_names"), DERIVED),
+    }
+
+
+
 #: model_type -> (fields to set after the generic rule, why the generic rule cannot serve the family)
 FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "whisper": (
@@ -210,8 +232,15 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         " each kind, the second pair sharing",
     ),
     "pp_ocrv6_medium_det": (
-        {"intraclass_block_config": _intraclass_block()},
-        "the defaults leave the intra-class block's convolutions unset",
+        {"intraclass_block_config": _intraclass_block(), "backbone_config": _detection_backbone(), "scale_factor_list": [1, 2, 4, 8]},
+        "the defaults leave the intra-class block's convolutions and the levels' upsampling factors unset, and"
+        " their backbone is the recogniser's (one output stage, heights halved only) where the neck fuses four"
+        " stages, each half the one before (so each level is upsampled by 2 ** level onto the first)",
+    ),
+    "pp_ocrv6_small_det": (
+        {"backbone_config": _detection_backbone(), "layer_list_out_channels": _DETECTION_WIDTHS},
+        "the defaults' backbone is the recogniser's (one output stage, heights halved only) where the neck fuses"
+        " four stages, each half the one before, reading layer_list_out_channels channels from each",
     ),
     "pp_ocrv5_server_det": (
         {"intraclass_block_config": _intraclass_block()},
