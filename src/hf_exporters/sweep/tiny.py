@@ -243,8 +243,9 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         " four stages, each half the one before, reading layer_list_out_channels channels from each",
     ),
     "pp_ocrv5_server_det": (
-        {"intraclass_block_config": _intraclass_block()},
-        "the defaults leave the intra-class block's convolutions unset",
+        {"intraclass_block_config": _intraclass_block(), "scale_factor_list": [1, 2, 4, 8]},
+        "the defaults leave the intra-class block's convolutions and the levels' upsampling factors unset (the"
+        " neck's four levels are each half the one before, so each is upsampled by 2 ** level onto the first)",
     ),
     "clap_audio_model": (
         {"patch_embeds_hidden_size": WIDTH // 8},
