@@ -311,6 +311,11 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         "the config's default backbone is the detection one, which cuts a 48-pixel text line to 2 rows; the model"
         " pools the last feature map with a (3, 2) window, which needs the recogniser's 3 rows",
     ),
+    "uvdoc": (
+        {"backbone_config": {"out_features": [f"stage{i}" for i in range(1, 7)], "out_indices": list(range(1, 7))}},
+        "the head concatenates the outputs of all six bridge stages (bridge_connector reads six times its width),"
+        " and the backbone's defaults output the last stage only",
+    ),
     "deberta-v2": (
         {"position_buckets": 16},
         "relative position buckets must not exceed max_position_embeddings after shrinking",
