@@ -316,6 +316,11 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         "the head concatenates the outputs of all six bridge stages (bridge_connector reads six times its width),"
         " and the backbone's defaults output the last stage only",
     ),
+    "xcodec": (
+        {"codebook_dim": DERIVED},
+        "the codebook is as wide as the acoustic and semantic hidden sizes together, which the config derives when"
+        " codebook_dim is not passed",
+    ),
     "deberta-v2": (
         {"position_buckets": 16},
         "relative position buckets must not exceed max_position_embeddings after shrinking",
