@@ -321,6 +321,16 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         "the codebook is as wide as the acoustic and semantic hidden sizes together, which the config derives when"
         " codebook_dim is not passed",
     ),
+    "xcodec2": (
+        {"quantization_dim": 2 * WIDTH},
+        "the quantizer projects the acoustic and semantic features concatenated: quantization_dim is hidden_size"
+        " plus the semantic model's hidden size, both WIDTH in the tiny config",
+    ),
+    "neucodec": (
+        {"quantization_dim": 2 * WIDTH},
+        "the quantizer projects the acoustic and semantic features concatenated: quantization_dim is hidden_size"
+        " plus the semantic model's hidden size, both WIDTH in the tiny config",
+    ),
     "deberta-v2": (
         {"position_buckets": 16},
         "relative position buckets must not exceed max_position_embeddings after shrinking",
