@@ -299,7 +299,8 @@ def _waveform(model: torch.nn.Module, config: Any, generator: torch.Generator) -
       ``max_length`` (the position table is sized for it) or 32;
     - a first layer that is a ``Linear`` reading ``hidden_size`` (no waveform front end: an encoder fed hidden
       states): ``(batch, 8, hidden_size)``;
-    - otherwise raw audio ``(batch, 3200)``.
+    - otherwise raw audio ``(batch, 3200)``, rounded up to whole tokens for a config with ``samples_per_token`` (its
+      feature extractor pads the waveform so).
     """
     configs = _configs(config)
     channels = next((c.audio_channels for c in configs if _get(c, "audio_channels") is not None), None)
@@ -315,7 +316,8 @@ def _waveform(model: torch.nn.Module, config: Any, generator: torch.Generator) -
     hidden = _get(config, "hidden_size", default=None)
     if isinstance(layer, torch.nn.Linear) and hidden and layer.in_features == hidden:
         return torch.randn(BATCH, SEQ, int(hidden), generator=generator)
-    return torch.randn(BATCH, AUDIO_SAMPLES, generator=generator)
+    per_token = int(_get(config, "samples_per_token", default=1))
+    return torch.randn(BATCH, -(-AUDIO_SAMPLES // per_token) * per_token, generator=generator)
 
 
 def _seeded_draws(model: torch.nn.Module, config: Any, inputs: dict[str, Any], names: set[str], generator: torch.Generator) -> None:
