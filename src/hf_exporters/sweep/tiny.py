@@ -331,6 +331,10 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         "the quantizer projects the acoustic and semantic features concatenated: quantization_dim is hidden_size"
         " plus the semantic model's hidden size, both WIDTH in the tiny config",
     ),
+    "clvp_encoder": (
+        {"num_attention_heads": 2},
+        "the rotary part of each head is at least 32 wide whatever the head width: two heads of 32",
+    ),
     "deberta-v2": (
         {"position_buckets": 16},
         "relative position buckets must not exceed max_position_embeddings after shrinking",
