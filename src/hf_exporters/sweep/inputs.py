@@ -439,7 +439,8 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     - time series: ``past_values`` ``(batch, context_length[, num_input_channels])`` (a long context is cut to
       four patches), ``past_values_padding`` ``(batch, context)`` of zeros, ``freq`` ``(batch, 1)`` = 0;
     - required ``inputs_embeds``/``noise_embeds``/``context_hidden_states``: ``(batch, seq, hidden_size)``;
-    - ``input_ids`` without a vocabulary (character-level models): code points below 200;
+    - ``input_ids`` without a vocabulary in the config: below a sub-config's ``vocab_size`` (a model wrapped with its
+      vocoder), else code points below 200 (character-level models);
     - ``bbox`` also for encoder-decoder document models; ``image_embeds_position_mask`` ``(batch, latent_query_num +
       2)``: 1 at the image's latent queries after the first token (``input_ids`` and ``attention_mask`` lengthened);
     - offline-RL trajectories (``states``/``actions``, config ``state_dim``): see ``_trajectory``; ``target_sizes``:
@@ -646,8 +647,10 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
             inputs["hidden_states"] = _waveform(model, config, generator)
     if not inputs and has_kwargs and vocab:
         inputs["input_ids"] = torch.randint(1, max(2, min(int(vocab), 200)), (BATCH, SEQ), generator=generator)
-    if not inputs and "input_ids" in names and main == "input_ids":  # no vocabulary: character-level, code points
-        inputs["input_ids"] = torch.randint(1, 200, (BATCH, SEQ), generator=generator)
+    if not inputs and "input_ids" in names and main == "input_ids":
+        # no vocabulary at the top: a sub-config's (a model wrapped with its vocoder), else character-level code points
+        nested = next((int(c.vocab_size) for c in _configs(config) if _get(c, "vocab_size")), 200)
+        inputs["input_ids"] = torch.randint(1, max(2, min(nested, 200)), (BATCH, SEQ), generator=generator)
         if "attention_mask" in names:
             inputs["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
     missing = [n for n in required if n not in inputs]
