@@ -379,6 +379,38 @@ def _patch_sequences(config: Any, names: set[str], generator: torch.Generator) -
     return inputs
 
 
+def _lagged_series(config: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """A batch of a lag-based forecasting transformer, as its data loader gives it for training.
+
+    The past covers ``context_length + max(lags_sequence)`` steps (the lags look back past the context):
+    ``past_values`` ``(batch, past)`` (``(batch, past, input_size)`` for a multivariate series), ``past_time_features``
+    ``(batch, past, num_time_features)``, ``past_observed_mask`` of ``past_values``' shape, all True (no missing
+    value); ``future_values`` and ``future_time_features`` the same over ``prediction_length`` steps (the decoder's
+    teacher-forced window); ``static_categorical_features`` ``(batch, n)`` below each ``cardinality`` and
+    ``static_real_features`` ``(batch, n)`` when the config counts any.
+    """
+    past = int(config.context_length) + max(config.lags_sequence)
+    future = int(config.prediction_length)
+    size = int(_get(config, "input_size", default=1))
+    times = int(_get(config, "num_time_features", default=0))
+    variates = () if size == 1 else (size,)
+    series = {
+        "past_values": torch.randn(BATCH, past, *variates, generator=generator),
+        "past_time_features": torch.randn(BATCH, past, times, generator=generator),
+        "past_observed_mask": torch.ones(BATCH, past, *variates, dtype=torch.bool),
+        "future_values": torch.randn(BATCH, future, *variates, generator=generator),
+        "future_time_features": torch.randn(BATCH, future, times, generator=generator),
+    }
+    categorical = int(_get(config, "num_static_categorical_features", default=0))
+    if categorical:
+        columns = [torch.randint(0, int(n), (BATCH, 1), generator=generator) for n in config.cardinality[:categorical]]
+        series["static_categorical_features"] = torch.cat(columns, dim=1)
+    real = int(_get(config, "num_static_real_features", default=0))
+    if real:
+        series["static_real_features"] = torch.randn(BATCH, real, generator=generator)
+    return series
+
+
 def _packed_images(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """``BATCH`` images of a 4 x 4 patch grid packed side by side, for a vision tower taking ``target_sizes``.
 
@@ -437,7 +469,8 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     - a required ``hidden_states`` read by a ``Conv1d`` front end: latents ``(batch, hidden_size, 8)`` when it reads
       ``hidden_size`` channels, else the waveform of :func:`_waveform`;
     - time series: ``past_values`` ``(batch, context_length[, num_input_channels])`` (a long context is cut to
-      four patches), ``past_values_padding`` ``(batch, context)`` of zeros, ``freq`` ``(batch, 1)`` = 0;
+      four patches), ``past_values_padding`` ``(batch, context)`` of zeros, ``freq`` ``(batch, 1)`` = 0; lag-based
+      forecasting transformers (``past_time_features`` and ``past_observed_mask`` required): see ``_lagged_series``;
     - required ``inputs_embeds``/``noise_embeds``/``context_hidden_states``: ``(batch, seq, hidden_size)``;
     - ``input_ids`` without a vocabulary in the config: below a sub-config's ``vocab_size`` (a model wrapped with its
       vocoder), else code points below 200 (character-level models);
@@ -571,7 +604,9 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
         mel = int(_get(config, "input_feat_size", "num_mel_bins", "n_mels", default=128))
         inputs["audio_mel"] = torch.randn(BATCH, AUDIO_FRAMES, mel, generator=generator)
         inputs["audio_mel_mask"] = torch.zeros(BATCH, AUDIO_FRAMES, dtype=torch.bool)
-    if "past_values" in required:  # time series: (batch, context) or (batch, context, channels)
+    if "past_time_features" in required and "past_observed_mask" in required:  # lag-based forecasting transformers
+        inputs.update({k: v for k, v in _lagged_series(config, generator).items() if k in names})
+    if "past_values" in required and "past_values" not in inputs:  # time series: (batch, context) or (batch, context, channels)
         context = int(_get(config, "context_length", default=32))
         patch = int(_get(config, "patch_length", default=1))
         if context > 128:

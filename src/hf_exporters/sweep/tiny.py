@@ -11,7 +11,8 @@ becomes the new width (any other ``*hidden_size`` / ``*intermediate_size`` field
 stage, ``d_head`` and the rotary width (``rotary_dim``, multimodal ``mrope_section``) follow the new head
 width, adapter feature-layer indices stay inside the shrunk tower, and counts the defaults leave unset
 (vocabulary, head width, key/value heads, the experts, top-k and shared experts of a mixture, the window of
-sliding-window layers, prediction length) get tiny values. Key/value head counts under any name (per side,
+sliding-window layers, prediction length) get tiny values, and a forecaster's decoder start window
+(``label_length``) stays within the context. Key/value head counts under any name (per side,
 per layer) keep their ratio to the query heads, head lists stay powers of two, and spatial sizes stay
 consistent with what the model cuts the image into: a shifted window no wider than the last stage's grid, a
 grid that splits into num_windows windows or pixel-shuffles by scale_factor, one patch left at output_stride.
@@ -634,6 +635,10 @@ def shrink(fields: dict[str, Any], widths: set[int] | None = None) -> dict[str, 
         d["sliding_window"] = 4  # sliding-window layers the defaults give no window: narrower than the inputs
     if "prediction_length" in d and d["prediction_length"] is None:
         d["prediction_length"] = 4
+    # the decoder's start window is cut from the end of the context (which defaults to the prediction length)
+    context = d.get("context_length") if isinstance(d.get("context_length"), int) else d.get("prediction_length")
+    if isinstance(d.get("label_length"), int) and isinstance(context, int) and d["label_length"] > context:
+        d["label_length"] = context
     # a mixture whose counts the defaults leave unset (the expert width declared, set or not)
     if any(k in d and (d[k] is None or isinstance(d[k], int)) for k in _SMALL_FFN_KEYS) and any(k in d for k in _EXPERT_KEYS):
         for key in _EXPERT_KEYS | _SMALL_FFN_KEYS:
