@@ -471,7 +471,8 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     - time series: ``past_values`` ``(batch, context_length[, num_input_channels])`` (a long context is cut to
       four patches), ``past_values_padding`` ``(batch, context)`` of zeros, ``freq`` ``(batch, 1)`` = 0; lag-based
       forecasting transformers (``past_time_features`` and ``past_observed_mask`` required): see ``_lagged_series``;
-    - required ``inputs_embeds``/``noise_embeds``/``context_hidden_states``: ``(batch, seq, hidden_size)``;
+    - required ``inputs_embeds``/``noise_embeds``/``context_hidden_states``: ``(batch, seq, hidden_size)``; a required
+      ``inputs`` (a latent-attention encoder built without its modality preprocessor): ``(batch, seq, d_model)``;
     - ``input_ids`` without a vocabulary in the config: below a sub-config's ``vocab_size`` (a model wrapped with its
       vocoder), else code points below 200 (character-level models);
     - ``bbox`` also for encoder-decoder document models; ``image_embeds_position_mask`` ``(batch, latent_query_num +
@@ -659,7 +660,8 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
         width = int(config.hidden_size) * len(config.target_layer_ids)
         inputs["context_hidden_states"] = torch.randn(BATCH, SEQ, width, generator=generator)
     _seeded_draws(model, config, inputs, names, generator)
-    for name, width in (("inputs_embeds", "hidden_size"), ("noise_embeds", "hidden_size"), ("context_hidden_states", "hidden_size")):
+    embedded = (("inputs_embeds", "hidden_size"), ("noise_embeds", "hidden_size"), ("context_hidden_states", "hidden_size"), ("inputs", "d_model"))
+    for name, width in embedded:
         if name in required and name not in inputs and _get(config, width) is not None:  # embeddings fed directly: (batch, seq, hidden)
             inputs[name] = torch.randn(BATCH, SEQ, int(_get(config, width)), generator=generator)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in names:
