@@ -471,6 +471,7 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     - time series: ``past_values`` ``(batch, context_length[, num_input_channels])`` (a long context is cut to
       four patches), ``past_values_padding`` ``(batch, context)`` of zeros, ``freq`` ``(batch, 1)`` = 0; lag-based
       forecasting transformers (``past_time_features`` and ``past_observed_mask`` required): see ``_lagged_series``;
+    - a required ``latents`` (a codec decoder's continuous latents): ``(batch, hidden_size, 8)``, channels first;
     - required ``inputs_embeds``/``noise_embeds``/``context_hidden_states``: ``(batch, seq, hidden_size)``; a required
       ``inputs`` (a latent-attention encoder built without its modality preprocessor): ``(batch, seq, d_model)``;
     - ``input_ids`` without a vocabulary in the config: below a sub-config's ``vocab_size`` (a model wrapped with its
@@ -682,6 +683,8 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
             inputs["hidden_states"] = torch.randn(BATCH, layer.in_channels, SEQ, generator=generator)
         else:  # an encoder fed the waveform
             inputs["hidden_states"] = _waveform(model, config, generator)
+    if "latents" in required and _get(config, "hidden_size") is not None:  # a codec decoder's continuous latents
+        inputs["latents"] = torch.randn(BATCH, int(config.hidden_size), SEQ, generator=generator)  # (batch, hidden, frames)
     if not inputs and has_kwargs and vocab:
         inputs["input_ids"] = torch.randint(1, max(2, min(int(vocab), 200)), (BATCH, SEQ), generator=generator)
     if not inputs and "input_ids" in names and main == "input_ids":
