@@ -130,8 +130,9 @@ _DETECTION_WIDTHS = [16, 32, 48, 64]
 
 def _detection_backbone() -> dict[str, Any]:
     """A tiny PP-LCNetV4 backbone laid out for a text detector: every stage after the first halves both sides
-    (the feature pyramid's necks upsample each level by 2 onto the one before), all four stages are outputs.
-    Its derived fields (``stage_out_channels``, ``depths``, ``stage_names``) are left to the config class."""
+    (the feature pyramid's necks upsample each level by 2 onto the one before), all four stages are outputs, and
+    every other stage's second block has squeeze-excitation (both block kinds run). Its derived fields
+    (``stage_out_channels``, ``depths``, ``stage_names``) are left to the config class."""
     w = _DETECTION_WIDTHS
     blocks = [[[3, w[0], w[0], 1, False]]]
     blocks += [[[3, w[i - 1], w[i], 2, False], [3, w[i], w[i], 1, i % 2 == 1]] for i in range(1, len(w))]
@@ -142,7 +143,6 @@ def _detection_backbone() -> dict[str, Any]:
         "out_indices": list(range(1, len(w) + 1)),
         **dict.fromkeys(("stage_out_channels", "depths", "stage_names"), DERIVED),
     }
-
 
 
 #: model_type -> (fields to set after the generic rule, why the generic rule cannot serve the family)
