@@ -32,12 +32,26 @@ def _sub(config: Any, *names: str) -> Any:
     return config
 
 
+#: model_type -> ((height, width), why): images of a size the config does not tell, as the processor gives them
+IMAGE_SIZES: dict[str, tuple[tuple[int, int], str]] = {
+    "pp_ocrv5_mobile_rec": (
+        (48, 320),
+        "a text-line recogniser: the processor resizes to 48 pixels high and pads to 320 wide, and the model"
+        " pools the last feature map (3 high) with a (3, 2) window",
+    ),
+}
+
+
 def _image(config: Any) -> torch.Tensor:
+    """``pixel_values`` ``(batch, channels, height, width)`` at the (vision) config's ``image_size`` (64 when it names
+    none), or at the processor's size for the families of :data:`IMAGE_SIZES`."""
     vision = _sub(config, "vision_config", "image_config", "backbone_config", "encoder_config")
     size = _get(vision, "image_size", default=None) or _get(config, "image_size", default=64)
     if isinstance(size, dict):
         size = size.get("height", 64)
     height, width = (size, size) if isinstance(size, int) else tuple(size)[:2]
+    if getattr(config, "model_type", None) in IMAGE_SIZES:
+        height, width = IMAGE_SIZES[config.model_type][0]
     channels = _get(vision, "num_channels", default=None) or _get(config, "num_channels", default=3)
     return torch.randn(BATCH, channels, height, width)
 
@@ -55,19 +69,51 @@ def _patch(config: Any) -> int:
     return int(size[-1] if isinstance(size, (list, tuple)) else size)
 
 
+#: model_type -> (patch layout, why): vision towers on flattened patches whose processor lays the patches out
+#: otherwise than one row per patch. ``"patch image"``: each patch a ``(channels, patch_size, patch_size)`` image;
+#: ``"merged block"``: one ``(merge * patch_size, merge * patch_size, channels)`` block of pixels per merged token,
+#: in [-1, 1], with the grid counted in merged tokens.
+PATCH_LAYOUTS: dict[str, tuple[str, str]] = {
+    "kimi_k25_vision": (
+        "patch image",
+        "the image processor keeps each patch as a small image and the patch Conv2d reads it as given",
+    ),
+    "inkling2_vision": (
+        "merged block",
+        "the processor gives one block of pixels (channels last) per language-model image token and counts"
+        " image_grid_thw in those tokens; the embedding cuts each block into merge x merge patches itself",
+    ),
+}
+
+
+#: model_type -> why the model matches an image pair without a ``keypoint_detector_config`` to tell it
+IMAGE_PAIRS: dict[str, str] = {
+    "efficientloftr": "a detector-free matcher: its own backbone reads both images of the pair",
+}
+
+
 def _flat_patches(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Flattened patches and their grid for a vision tower that takes one token row per patch.
 
     Returns ``(patches, grid_thw)``: ``grid_thw`` is ``[[1, h, w]]`` (int64, shape ``(1, 3)``) with ``h = w = 2 *
-    merge`` (the config's spatial merge size) and ``patches`` has shape ``(h * w, channels * temporal_patch_size *
-    patch_size ** 2)``.
+    merge`` (the config's spatial merge size, or the side of its ``merge_kernel_size``) and ``patches`` has shape
+    ``(h * w, channels * temporal_patch_size * patch_size ** 2)``. The families of :data:`PATCH_LAYOUTS` get their
+    processor's layout: ``(h * w, channels, patch_size, patch_size)``, or ``h = w = 2`` merged tokens and ``(4, merge *
+    patch_size, merge * patch_size, channels)``.
     """
-    merge = int(_get(config, "spatial_merge_size", "merge_size", default=1))
+    kernel = _get(config, "merge_kernel_size", default=None)
+    merge = int(_get(config, "spatial_merge_size", "merge_size", default=None) or (max(kernel) if kernel else 1))
     side = 2 * merge
     temporal = int(_get(config, "temporal_patch_size", "patch_temporal", default=1))
-    width = _channels(config) * temporal * _patch(config) ** 2
-    grid = torch.tensor([[1, side, side]], dtype=torch.long)
-    return torch.randn(side * side, width, generator=generator), grid
+    channels, patch = _channels(config), _patch(config)
+    layout = PATCH_LAYOUTS.get(getattr(config, "model_type", None), ("row", ""))[0]
+    if layout == "patch image":
+        return torch.randn(side * side, channels, patch, patch, generator=generator), torch.tensor([[1, side, side]])
+    if layout == "merged block":
+        block = torch.rand(4, merge * patch, merge * patch, channels, generator=generator) * 2 - 1
+        return block, torch.tensor([[1, 2, 2]])
+    width = channels * temporal * patch**2
+    return torch.randn(side * side, width, generator=generator), torch.tensor([[1, side, side]])
 
 
 def _frames(config: Any) -> int:
@@ -86,8 +132,14 @@ def _video(config: Any, generator: torch.Generator) -> torch.Tensor:
     return torch.randn(BATCH, frames, *image.shape[1:], generator=generator)
 
 
-def _is_video(config: Any) -> bool:
-    return _get(_vision(config), "num_frames", default=None) is not None or _get(config, "num_frames", default=None) is not None
+def _is_video(model: torch.nn.Module, config: Any) -> bool:
+    """Whether ``pixel_values`` is a clip: the config counts frames (``num_frames``), or the model reads video and
+    no still image (its ``input_modalities``)."""
+    if _get(_vision(config), "num_frames", default=None) is not None or _get(config, "num_frames", default=None) is not None:
+        return True
+    modalities = getattr(model, "input_modalities", ())
+    modalities = (modalities,) if isinstance(modalities, str) else tuple(modalities)
+    return "video" in modalities and "image" not in modalities
 
 
 def _front_end(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -247,7 +299,8 @@ def _waveform(model: torch.nn.Module, config: Any, generator: torch.Generator) -
       ``max_length`` (the position table is sized for it) or 32;
     - a first layer that is a ``Linear`` reading ``hidden_size`` (no waveform front end: an encoder fed hidden
       states): ``(batch, 8, hidden_size)``;
-    - otherwise raw audio ``(batch, 3200)``.
+    - otherwise raw audio ``(batch, 3200)``, rounded up to whole tokens for a config with ``samples_per_token`` (its
+      feature extractor pads the waveform so).
     """
     configs = _configs(config)
     channels = next((c.audio_channels for c in configs if _get(c, "audio_channels") is not None), None)
@@ -263,7 +316,8 @@ def _waveform(model: torch.nn.Module, config: Any, generator: torch.Generator) -
     hidden = _get(config, "hidden_size", default=None)
     if isinstance(layer, torch.nn.Linear) and hidden and layer.in_features == hidden:
         return torch.randn(BATCH, SEQ, int(hidden), generator=generator)
-    return torch.randn(BATCH, AUDIO_SAMPLES, generator=generator)
+    per_token = int(_get(config, "samples_per_token", default=1))
+    return torch.randn(BATCH, -(-AUDIO_SAMPLES // per_token) * per_token, generator=generator)
 
 
 def _seeded_draws(model: torch.nn.Module, config: Any, inputs: dict[str, Any], names: set[str], generator: torch.Generator) -> None:
@@ -306,6 +360,57 @@ def _trajectory(config: Any, generator: torch.Generator) -> dict[str, torch.Tens
     }
 
 
+def _patch_sequences(config: Any, names: set[str], generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Images already cut into patch rows, as a processor of variable-resolution images gives them.
+
+    ``pixel_values`` ``(batch, 16, channels * patch_size ** 2)`` (a 4 x 4 patch grid, the vision config's channels
+    and patch size), ``spatial_shapes`` ``(batch, 2)`` = ``[[4, 4], ...]`` (int64) and, when the forward takes it,
+    ``pixel_attention_mask`` ``(batch, 16)`` of ones (no padding patch).
+    """
+    vision = _vision(config)
+    side = 4
+    count = side * side
+    inputs = {
+        "pixel_values": torch.randn(BATCH, count, _channels(vision) * _patch(vision) ** 2, generator=generator),
+        "spatial_shapes": torch.tensor([[side, side]] * BATCH, dtype=torch.long),
+    }
+    if "pixel_attention_mask" in names:
+        inputs["pixel_attention_mask"] = torch.ones(BATCH, count, dtype=torch.long)
+    return inputs
+
+
+def _lagged_series(config: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """A batch of a lag-based forecasting transformer, as its data loader gives it for training.
+
+    The past covers ``context_length + max(lags_sequence)`` steps (the lags look back past the context):
+    ``past_values`` ``(batch, past)`` (``(batch, past, input_size)`` for a multivariate series), ``past_time_features``
+    ``(batch, past, num_time_features)``, ``past_observed_mask`` of ``past_values``' shape, all True (no missing
+    value); ``future_values`` and ``future_time_features`` the same over ``prediction_length`` steps (the decoder's
+    teacher-forced window); ``static_categorical_features`` ``(batch, n)`` below each ``cardinality`` and
+    ``static_real_features`` ``(batch, n)`` when the config counts any.
+    """
+    past = int(config.context_length) + max(config.lags_sequence)
+    future = int(config.prediction_length)
+    size = int(_get(config, "input_size", default=1))
+    times = int(_get(config, "num_time_features", default=0))
+    variates = () if size == 1 else (size,)
+    series = {
+        "past_values": torch.randn(BATCH, past, *variates, generator=generator),
+        "past_time_features": torch.randn(BATCH, past, times, generator=generator),
+        "past_observed_mask": torch.ones(BATCH, past, *variates, dtype=torch.bool),
+        "future_values": torch.randn(BATCH, future, *variates, generator=generator),
+        "future_time_features": torch.randn(BATCH, future, times, generator=generator),
+    }
+    categorical = int(_get(config, "num_static_categorical_features", default=0))
+    if categorical:
+        columns = [torch.randint(0, int(n), (BATCH, 1), generator=generator) for n in config.cardinality[:categorical]]
+        series["static_categorical_features"] = torch.cat(columns, dim=1)
+    real = int(_get(config, "num_static_real_features", default=0))
+    if real:
+        series["static_real_features"] = torch.randn(BATCH, real, generator=generator)
+    return series
+
+
 def _packed_images(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """``BATCH`` images of a 4 x 4 patch grid packed side by side, for a vision tower taking ``target_sizes``.
 
@@ -334,9 +439,11 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     - vision tower on flattened patches (``hidden_states``/``pixel_values`` with ``grid_thw``/``image_grid_thw``):
       one image, grid ``[[1, h, w]]`` with ``h = w = 2 * spatial_merge_size``, patches ``(h * w, channels *
       temporal_patch_size * patch_size ** 2)``, and ``merge_sizes`` ``(1,)`` when asked;
-    - patch sequences with ``spatial_shapes`` ``(batch, 2)`` and ``pixel_attention_mask`` ``(batch, 16)``, or with
+    - patch sequences with ``spatial_shapes`` ``(batch, 2)`` and ``pixel_attention_mask`` ``(batch, 16)`` (also for an
+      image-text model whose forward takes ``spatial_shapes`` optionally: :func:`_patch_sequences`), or with
       ``pixel_position_ids`` ``(batch, 16, 2)``: ``pixel_values`` ``(batch, 16, channels * patch_size ** 2)``;
-    - video (``pixel_values_videos``, or ``pixel_values`` when the config has ``num_frames``):
+    - video (``pixel_values_videos``, or ``pixel_values`` when the config has ``num_frames`` or the model reads video
+      and no image):
       ``(batch, frames, channels, height, width)``; several images per sample (``image_attention_mask``):
       ``pixel_values`` ``(batch, 1, channels, height, width)`` and ``image_attention_mask`` ``(batch, seq, 1)``;
     - ``prompt_pixel_values``/``prompt_masks``: the image's shape, image and prompt each half the config's height;
@@ -357,19 +464,24 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
       (:func:`_channel_table`);
     - an encoder-decoder taking both ``input_ids`` and ``input_features`` (alternative encoder inputs) gets the
       features only, its ``attention_mask`` ``(batch, frames)`` covering them;
-    - image queries spliced into the text (config ``num_query_tokens`` and an image token id): ``input_ids`` and
-      ``attention_mask`` lengthened by ``num_query_tokens`` placeholder tokens in front;
+    - image queries spliced into the text (config ``num_query_tokens`` and an image or video token id): ``input_ids``
+      and ``attention_mask`` lengthened by ``num_query_tokens`` placeholder tokens (per frame of a clip) in front;
     - a required ``hidden_states`` read by a ``Conv1d`` front end: latents ``(batch, hidden_size, 8)`` when it reads
       ``hidden_size`` channels, else the waveform of :func:`_waveform`;
     - time series: ``past_values`` ``(batch, context_length[, num_input_channels])`` (a long context is cut to
-      four patches), ``past_values_padding`` ``(batch, context)`` of zeros, ``freq`` ``(batch, 1)`` = 0;
-    - required ``inputs_embeds``/``noise_embeds``/``context_hidden_states``: ``(batch, seq, hidden_size)``;
-    - ``input_ids`` without a vocabulary (character-level models): code points below 200;
+      four patches), ``past_values_padding`` ``(batch, context)`` of zeros, ``freq`` ``(batch, 1)`` = 0; lag-based
+      forecasting transformers (``past_time_features`` and ``past_observed_mask`` required): see ``_lagged_series``;
+    - a required ``latents`` (a codec decoder's continuous latents): ``(batch, hidden_size, 8)``, channels first;
+    - required ``inputs_embeds``/``noise_embeds``/``context_hidden_states``: ``(batch, seq, hidden_size)``; a required
+      ``inputs`` (a latent-attention encoder built without its modality preprocessor): ``(batch, seq, d_model)``;
+    - ``input_ids`` without a vocabulary in the config: below a sub-config's ``vocab_size`` (a model wrapped with its
+      vocoder), else code points below 200 (character-level models);
     - ``bbox`` also for encoder-decoder document models; ``image_embeds_position_mask`` ``(batch, latent_query_num +
       2)``: 1 at the image's latent queries after the first token (``input_ids`` and ``attention_mask`` lengthened);
     - offline-RL trajectories (``states``/``actions``, config ``state_dim``): see ``_trajectory``; ``target_sizes``:
       several images' patches packed in one row, see ``_packed_images``;
-    - config ``keypoint_detector_config``: ``pixel_values`` as an image pair ``(batch, 2, channels, height, width)``;
+    - config ``keypoint_detector_config`` (or a family of :data:`IMAGE_PAIRS`): ``pixel_values`` as an image pair
+      ``(batch, 2, channels, height, width)``;
     - ``action_embeds`` ``(batch, chunk_size + 1, action expert hidden)``, with a one-camera prefix ``pixel_values``
       ``(batch, 1, channels, height, width)``, ``pixel_attention_mask`` ``(batch, 1)`` and image placeholders in
       ``input_ids``; ``context_hidden_states`` with config ``target_layer_ids``: ``(batch, seq, hidden * layers)``;
@@ -412,12 +524,7 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
             merge = int(_get(config, "spatial_merge_size", "merge_size", default=1))
             inputs["merge_sizes"] = torch.full((1,), merge, dtype=torch.long)
     if "spatial_shapes" in required and "pixel_values" in names:  # patch sequences with their (h, w) grid
-        side = 4
-        count = side * side
-        inputs["pixel_values"] = torch.randn(BATCH, count, _channels(config) * _patch(config) ** 2, generator=generator)
-        inputs["spatial_shapes"] = torch.tensor([[side, side]] * BATCH, dtype=torch.long)
-        if "pixel_attention_mask" in names:
-            inputs["pixel_attention_mask"] = torch.ones(BATCH, count, dtype=torch.long)
+        inputs.update(_patch_sequences(config, names, generator))
     if "pixel_position_ids" in required and "pixel_values" in names:  # patch sequences with (x, y) positions
         side = 4
         rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
@@ -427,18 +534,23 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     if "pixel_values_videos" in names and (main == "pixel_values_videos" or "pixel_values_videos" in required):
         inputs["pixel_values_videos"] = _video(config, generator)
     if "pixel_values" in names and "pixel_values" not in inputs and (main == "pixel_values" or "pixel_values" in required or not placeholder_image or "input_ids" not in inputs):
-        if _is_video(config):
+        if _is_video(model, config):
             inputs["pixel_values"] = _video(config, generator)
         elif "image_attention_mask" in names and "bool_masked_pos" not in names:  # several images per sample: (batch, images, channels, height, width)
             inputs["pixel_values"] = _image(config).unsqueeze(1)
             if "input_ids" in inputs:
                 inputs["image_attention_mask"] = torch.ones(BATCH, SEQ, 1, dtype=torch.long)
+        elif "spatial_shapes" in names:  # an image-text model whose vision tower reads patch sequences
+            inputs.update(_patch_sequences(config, names, generator))
         else:
             inputs["pixel_values"] = _image(config)
-    queries, image_token = _get(config, "num_query_tokens"), _get(config, "image_token_id", "image_token_index")
+    queries = _get(config, "num_query_tokens")
+    image_token = _get(config, "image_token_id", "image_token_index", "video_token_id", "video_token_index")
     if queries and image_token is not None and "pixel_values" in inputs and "input_ids" in inputs and inputs["input_ids"].dim() == 2:
-        # the querying transformer's outputs replace num_query_tokens placeholders, put before the text
-        placeholders = torch.full((BATCH, int(queries)), int(image_token), dtype=torch.long)
+        # the querying transformer's outputs replace num_query_tokens placeholders (per frame of a clip), put
+        # before the text
+        frames = inputs["pixel_values"].shape[1] if inputs["pixel_values"].dim() == 5 else 1
+        placeholders = torch.full((BATCH, int(queries) * frames), int(image_token), dtype=torch.long)
         inputs["input_ids"] = torch.cat([placeholders, inputs["input_ids"]], dim=1)
         if "attention_mask" in inputs:
             inputs["attention_mask"] = torch.ones(inputs["input_ids"].shape, dtype=torch.long)
@@ -494,7 +606,9 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
         mel = int(_get(config, "input_feat_size", "num_mel_bins", "n_mels", default=128))
         inputs["audio_mel"] = torch.randn(BATCH, AUDIO_FRAMES, mel, generator=generator)
         inputs["audio_mel_mask"] = torch.zeros(BATCH, AUDIO_FRAMES, dtype=torch.bool)
-    if "past_values" in required:  # time series: (batch, context) or (batch, context, channels)
+    if "past_time_features" in required and "past_observed_mask" in required:  # lag-based forecasting transformers
+        inputs.update({k: v for k, v in _lagged_series(config, generator).items() if k in names})
+    if "past_values" in required and "past_values" not in inputs:  # time series: (batch, context) or (batch, context, channels)
         context = int(_get(config, "context_length", default=32))
         patch = int(_get(config, "patch_length", default=1))
         if context > 128:
@@ -511,7 +625,8 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
         inputs.update({k: v for k, v in _trajectory(config, generator).items() if k in names})
     if "target_sizes" in names and "pixel_values" in required:  # patches of several images packed in one row
         inputs["pixel_values"], inputs["target_sizes"] = _packed_images(config, generator)
-    if _get(config, "keypoint_detector_config") is not None and "pixel_values" in inputs and inputs["pixel_values"].dim() == 4:
+    pair = _get(config, "keypoint_detector_config") is not None or getattr(config, "model_type", None) in IMAGE_PAIRS
+    if pair and "pixel_values" in inputs and inputs["pixel_values"].dim() == 4:
         # keypoint matching: an image pair per sample, (batch, 2, channels, height, width)
         image = inputs["pixel_values"]
         inputs["pixel_values"] = torch.stack([image, torch.randn(image.shape, generator=generator)], dim=1)
@@ -546,7 +661,8 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
         width = int(config.hidden_size) * len(config.target_layer_ids)
         inputs["context_hidden_states"] = torch.randn(BATCH, SEQ, width, generator=generator)
     _seeded_draws(model, config, inputs, names, generator)
-    for name, width in (("inputs_embeds", "hidden_size"), ("noise_embeds", "hidden_size"), ("context_hidden_states", "hidden_size")):
+    embedded = (("inputs_embeds", "hidden_size"), ("noise_embeds", "hidden_size"), ("context_hidden_states", "hidden_size"), ("inputs", "d_model"))
+    for name, width in embedded:
         if name in required and name not in inputs and _get(config, width) is not None:  # embeddings fed directly: (batch, seq, hidden)
             inputs[name] = torch.randn(BATCH, SEQ, int(_get(config, width)), generator=generator)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in names:
@@ -567,10 +683,14 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
             inputs["hidden_states"] = torch.randn(BATCH, layer.in_channels, SEQ, generator=generator)
         else:  # an encoder fed the waveform
             inputs["hidden_states"] = _waveform(model, config, generator)
+    if "latents" in required and _get(config, "hidden_size") is not None:  # a codec decoder's continuous latents
+        inputs["latents"] = torch.randn(BATCH, int(config.hidden_size), SEQ, generator=generator)  # (batch, hidden, frames)
     if not inputs and has_kwargs and vocab:
         inputs["input_ids"] = torch.randint(1, max(2, min(int(vocab), 200)), (BATCH, SEQ), generator=generator)
-    if not inputs and "input_ids" in names and main == "input_ids":  # no vocabulary: character-level, code points
-        inputs["input_ids"] = torch.randint(1, 200, (BATCH, SEQ), generator=generator)
+    if not inputs and "input_ids" in names and main == "input_ids":
+        # no vocabulary at the top: a sub-config's (a model wrapped with its vocoder), else character-level code points
+        nested = next((int(c.vocab_size) for c in _configs(config) if _get(c, "vocab_size")), 200)
+        inputs["input_ids"] = torch.randint(1, max(2, min(nested, 200)), (BATCH, SEQ), generator=generator)
         if "attention_mask" in names:
             inputs["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
     missing = [n for n in required if n not in inputs]

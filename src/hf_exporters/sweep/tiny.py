@@ -11,7 +11,8 @@ becomes the new width (any other ``*hidden_size`` / ``*intermediate_size`` field
 stage, ``d_head`` and the rotary width (``rotary_dim``, multimodal ``mrope_section``) follow the new head
 width, adapter feature-layer indices stay inside the shrunk tower, and counts the defaults leave unset
 (vocabulary, head width, key/value heads, the experts, top-k and shared experts of a mixture, the window of
-sliding-window layers, prediction length) get tiny values. Key/value head counts under any name (per side,
+sliding-window layers, prediction length) get tiny values, and a forecaster's decoder start window
+(``label_length``) stays within the context. Key/value head counts under any name (per side,
 per layer) keep their ratio to the query heads, head lists stay powers of two, and spatial sizes stay
 consistent with what the model cuts the image into: a shifted window no wider than the last stage's grid, a
 grid that splits into num_windows windows or pixel-shuffles by scale_factor, one patch left at output_stride.
@@ -98,6 +99,50 @@ def _intraclass_block() -> dict[str, list[Any]]:
         block[f"horizontal_small_to_long_conv_{ratio}"] = [[1, k], 1, [0, k // 2]]
         block[f"symmetric_conv_long_{ratio}"] = [k, 1, k // 2]
     return block
+
+
+def _text_line_blocks() -> list[list[list[Any]]]:
+    """The PP-LCNetV3 backbone's default blocks (kernel, in, out, stride, squeeze-excitation) with a text-line
+    recogniser's strides: after the stem, the height halves three times (``[2, 1]``) and the width once
+    (``[1, 2]``), so a 48-pixel line leaves 3 rows (the defaults halve both sides at every stage, for detection)."""
+    return [
+        [[3, 16, 32, 1, False]],
+        [[3, 32, 64, 1, False], [3, 64, 64, 1, False]],
+        [[3, 64, 128, [2, 1], False], [3, 128, 128, 1, False]],
+        [[3, 128, 256, [1, 2], False]] + [[5, 256, 256, 1, False]] * 4,
+        [[5, 256, 512, [2, 1], True], [5, 512, 512, 1, True], [5, 512, 512, [2, 1], False], [5, 512, 512, 1, False]],
+    ]
+
+
+class _Derived:
+    def __repr__(self) -> str:
+        return "DERIVED"
+
+
+#: an override value that removes the field: a value the config class derives from other fields when it is not
+#: passed (``to_dict()`` passes the full-size derived value back, which the class then keeps)
+DERIVED = _Derived()
+
+
+#: PP-LCNetV4 stage widths of the tiny text detectors' backbone
+_DETECTION_WIDTHS = [16, 32, 48, 64]
+
+
+def _detection_backbone() -> dict[str, Any]:
+    """A tiny PP-LCNetV4 backbone laid out for a text detector: every stage after the first halves both sides
+    (the feature pyramid's necks upsample each level by 2 onto the one before), all four stages are outputs, and
+    every other stage's second block has squeeze-excitation (both block kinds run). Its derived fields
+    (``stage_out_channels``, ``depths``, ``stage_names``) are left to the config class."""
+    w = _DETECTION_WIDTHS
+    blocks = [[[3, w[0], w[0], 1, False]]]
+    blocks += [[[3, w[i - 1], w[i], 2, False], [3, w[i], w[i], 1, i % 2 == 1]] for i in range(1, len(w))]
+    return {
+        "block_configs": blocks,
+        "stem_channels": [3, w[0], w[0]],
+        "out_features": [f"stage{i}" for i in range(1, len(w) + 1)],
+        "out_indices": list(range(1, len(w) + 1)),
+        **dict.fromkeys(("stage_out_channels", "depths", "stage_names"), DERIVED),
+    }
 
 
 #: model_type -> (fields to set after the generic rule, why the generic rule cannot serve the family)
@@ -188,12 +233,20 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         " each kind, the second pair sharing",
     ),
     "pp_ocrv6_medium_det": (
-        {"intraclass_block_config": _intraclass_block()},
-        "the defaults leave the intra-class block's convolutions unset",
+        {"intraclass_block_config": _intraclass_block(), "backbone_config": _detection_backbone(), "scale_factor_list": [1, 2, 4, 8]},
+        "the defaults leave the intra-class block's convolutions and the levels' upsampling factors unset, and"
+        " their backbone is the recogniser's (one output stage, heights halved only) where the neck fuses four"
+        " stages, each half the one before (so each level is upsampled by 2 ** level onto the first)",
+    ),
+    "pp_ocrv6_small_det": (
+        {"backbone_config": _detection_backbone(), "layer_list_out_channels": _DETECTION_WIDTHS},
+        "the defaults' backbone is the recogniser's (one output stage, heights halved only) where the neck fuses"
+        " four stages, each half the one before, reading layer_list_out_channels channels from each",
     ),
     "pp_ocrv5_server_det": (
-        {"intraclass_block_config": _intraclass_block()},
-        "the defaults leave the intra-class block's convolutions unset",
+        {"intraclass_block_config": _intraclass_block(), "scale_factor_list": [1, 2, 4, 8]},
+        "the defaults leave the intra-class block's convolutions and the levels' upsampling factors unset (the"
+        " neck's four levels are each half the one before, so each is upsampled by 2 ** level onto the first)",
     ),
     "clap_audio_model": (
         {"patch_embeds_hidden_size": WIDTH // 8},
@@ -245,6 +298,44 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         "the image is cut into patch_size-pixel crops at a quarter of its side and each crop is a sub-model's"
         " image (the config sets their image_size to it): 16-pixel crops of 8-pixel patches for a 64-pixel image",
     ),
+    "efficientloftr": (
+        {
+            "rope_parameters": {"partial_rotary_factor": HEADS / 2},
+            **dict.fromkeys(("stage_block_out_channels", "stage_block_in_channels", "fine_fusion_dims"), DERIVED),
+        },
+        "the 2-D rotary table is hidden_size // 2 wide, half of it per image axis: head_dim * partial_rotary_factor"
+        " must stay hidden_size / 2, so the factor is half the head count (4.0 for the defaults' 8 heads); the"
+        " per-block channel lists and fusion widths are derived from out_features",
+    ),
+    "pp_ocrv5_mobile_rec": (
+        {"backbone_config": {"block_configs": _text_line_blocks()}},
+        "the config's default backbone is the detection one, which cuts a 48-pixel text line to 2 rows; the model"
+        " pools the last feature map with a (3, 2) window, which needs the recogniser's 3 rows",
+    ),
+    "uvdoc": (
+        {"backbone_config": {"out_features": [f"stage{i}" for i in range(1, 7)], "out_indices": list(range(1, 7))}},
+        "the head concatenates the outputs of all six bridge stages (bridge_connector reads six times its width),"
+        " and the backbone's defaults output the last stage only",
+    ),
+    "xcodec": (
+        {"codebook_dim": DERIVED},
+        "the codebook is as wide as the acoustic and semantic hidden sizes together, which the config derives when"
+        " codebook_dim is not passed",
+    ),
+    "xcodec2": (
+        {"quantization_dim": 2 * WIDTH},
+        "the quantizer projects the acoustic and semantic features concatenated: quantization_dim is hidden_size"
+        " plus the semantic model's hidden size, both WIDTH in the tiny config",
+    ),
+    "neucodec": (
+        {"quantization_dim": 2 * WIDTH},
+        "the quantizer projects the acoustic and semantic features concatenated: quantization_dim is hidden_size"
+        " plus the semantic model's hidden size, both WIDTH in the tiny config",
+    ),
+    "clvp_encoder": (
+        {"num_attention_heads": 2},
+        "the rotary part of each head is at least 32 wide whatever the head width: two heads of 32",
+    ),
     "deberta-v2": (
         {"position_buckets": 16},
         "relative position buckets must not exceed max_position_embeddings after shrinking",
@@ -270,9 +361,12 @@ def _scale_list(values: list[Any], target_first: int) -> list[Any]:
 
 
 def _merge(fields: dict[str, Any], changes: dict[str, Any]) -> None:
-    """``changes`` set into ``fields``, dictionaries (sub-configs, rope parameters) merged key by key."""
+    """``changes`` set into ``fields``, dictionaries (sub-configs, rope parameters) merged key by key; a field set
+    to :data:`DERIVED` is removed."""
     for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(fields.get(key), dict):
+        if value is DERIVED:
+            fields.pop(key, None)
+        elif isinstance(value, dict) and isinstance(fields.get(key), dict):
             _merge(fields[key], value)
         else:
             fields[key] = copy.deepcopy(value)
@@ -541,6 +635,10 @@ def shrink(fields: dict[str, Any], widths: set[int] | None = None) -> dict[str, 
         d["sliding_window"] = 4  # sliding-window layers the defaults give no window: narrower than the inputs
     if "prediction_length" in d and d["prediction_length"] is None:
         d["prediction_length"] = 4
+    # the decoder's start window is cut from the end of the context (which defaults to the prediction length)
+    context = d.get("context_length") if isinstance(d.get("context_length"), int) else d.get("prediction_length")
+    if isinstance(d.get("label_length"), int) and isinstance(context, int) and d["label_length"] > context:
+        d["label_length"] = context
     # a mixture whose counts the defaults leave unset (the expert width declared, set or not)
     if any(k in d and (d[k] is None or isinstance(d[k], int)) for k in _SMALL_FFN_KEYS) and any(k in d for k in _EXPERT_KEYS):
         for key in _EXPERT_KEYS | _SMALL_FFN_KEYS:
@@ -781,11 +879,12 @@ def _follow_image_size(original: dict[str, Any], shrunk: dict[str, Any], old_sid
 
 
 def _query_placeholder(fields: dict[str, Any]) -> None:
-    """A model that splices its ``num_query_tokens`` image queries into the text at placeholder tokens, with the
-    placeholder id left unset (``None`` compares the ids to ``None``): the id becomes the last of the vocabulary."""
+    """A model that splices its ``num_query_tokens`` image (or per-frame video) queries into the text at placeholder
+    tokens, with the placeholder id left unset (``None`` compares the ids to ``None``): the id becomes the last of
+    the vocabulary."""
     if "num_query_tokens" not in fields:
         return
-    for key in ("image_token_index", "image_token_id"):
+    for key in ("image_token_index", "image_token_id", "video_token_index", "video_token_id"):
         if key in fields and fields[key] is None:
             fields[key] = VOCAB - 1
             return
