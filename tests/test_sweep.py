@@ -502,3 +502,14 @@ def test_a_dynamic_job_grows_only_sizes_the_model_accepts() -> None:
     # sweep jobs grow the batch and length axes only, for both engines: the MAE model passes on two sets
     record = run_job({"class": "ViTMAEModel", "backend": "dynamo", "dynamic": True})
     assert (record["outcome"], record["input_sets"]) == ("pass", 2), record
+
+
+def test_a_model_without_forward_is_named_so():
+    from hf_exporters.errors import InputError
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model, classify
+
+    with pytest.raises(InputError) as caught:
+        build_inputs(build_model("BarkModel"))  # generate-only: its sub-models have forwards, it has none
+    assert str(caught.value) == "BarkModel defines no forward (it is called through other methods, e.g. generate or encode)"
+    assert classify(f"InputError: {caught.value}") == "no forward"

@@ -490,8 +490,10 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     Runtime objects (``inference_session``) are never built.
 
     Raises:
-        InputError: the forward requires an argument this function cannot build.
+        InputError: the forward requires an argument this function cannot build, or the model defines no forward.
     """
+    if getattr(type(model).forward, "__name__", "") == "_forward_unimplemented":
+        raise InputError(f"{type(model).__name__} defines no forward (it is called through other methods, e.g. generate or encode)")
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     config = model.config

@@ -39,6 +39,7 @@ ERROR_KINDS: list[tuple[str, re.Pattern[str]]] = [
     ("pytree / output type", re.compile(r"pytree|is not a registered|unflatten|TreeSpec|ModelOutput", re.I)),
     ("unsupported python in trace", re.compile(r"Unsupported:|graph break|UserError|torch\._dynamo\.exc", re.I)),
     ("input mismatch", re.compile(r"inputs? (do not|does not) match|Missing input|takes \d+ inputs|requires .* which the sweep|kwarg keyword mismatch", re.I)),
+    ("no forward", re.compile(r"defines no forward")),
     ("class not importable", re.compile(r"transformers has no attribute", re.I)),
     ("shape error", re.compile(r"shape|size mismatch|must match the size|dimension|cannot reshape|view size|expected input\[.*channels|index k out of range", re.I)),
     ("dtype error", re.compile(r"dtype|expected scalar type|type mismatch", re.I)),

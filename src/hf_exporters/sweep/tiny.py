@@ -208,6 +208,16 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         "the defaults leave the tokenizer's vocabulary map unset; the model maps codebook entries to vocabulary"
         " tokens through it, so the tiny codebook gets tokens of the tiny vocabulary",
     ),
+    "qwen2_5_omni_thinker": (
+        {"vision_start_token_id": VOCAB - 1 - (151652 % 32)},
+        "get_rope_index reads vision_start_token_id, which the thinker config class does not declare; the"
+        " checkpoints' id (151652), mapped into the tiny vocabulary as every other token id",
+    ),
+    "qwen3_omni_moe_thinker": (
+        {"vision_start_token_id": VOCAB - 1 - (151652 % 32)},
+        "get_rope_index reads vision_start_token_id, which the thinker config class does not declare; the"
+        " checkpoints' id (151652), mapped into the tiny vocabulary as every other token id",
+    ),
     "esm": (
         {"pad_token_id": 1, "mask_token_id": 32},
         "the defaults leave pad_token_id unset; the embeddings derive position ids from the padding token",
