@@ -200,6 +200,28 @@ def _top_level_convolutions(manager) -> int:
     return sum("convolution" in str(n.target) for n in manager.exported_program().graph.nodes if n.op == "call_function")
 
 
+class _SumsFirstRows(torch.nn.Module):
+    """``min()`` over a size read from data: the trace records ``torch.sym_min`` on an unbacked SymInt."""
+
+    def forward(self, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        k = n.item()
+        torch._check(k >= 0)
+        torch._check(k <= x.shape[0])
+        return x[: min(k, 3)].sum(0)
+
+
+def test_patch_edge_verifier_python_sym_ops(tmp_path):
+    model, inputs = _SumsFirstRows(), {"x": _x(6, 4), "n": torch.tensor(5)}
+    with without_workarounds("_patch_edge_verifier_python_sym_ops"):
+        with pytest.raises(ExportStageError, match=r"check_valid_edge_op: assert op.__name__ in \(\"alloc\",\)"):
+            ExecutorchExporter().export(model, inputs)
+    exporter = ExecutorchExporter()
+    manager = exporter.export(model, inputs)
+    assert "sym_min" in str([n.target for n in manager.exported_program().graph.nodes])  # the runtime's prim op
+    reports = check_parity(model, exporter.load_runner(exporter.save(manager, tmp_path)), [inputs, {"x": _x(6, 4), "n": torch.tensor(1)}], atol=1e-5)
+    assert [r.ok for r in reports] == [True, True] and max(r.max_abs_diff for r in reports) == 0.0
+
+
 class InPlaceUpdate(torch.nn.Module):
     def forward(self, state: torch.Tensor, x: torch.Tensor, scale: float):
         state.add_(x)

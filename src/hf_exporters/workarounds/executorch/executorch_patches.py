@@ -45,3 +45,26 @@ def _patch_xnnpack_conv1d_one_dynamic_axis(original: Any) -> Any:
         return original(self, node, ep)
 
     return check_constraints
+
+
+@register_patch("executorch", "executorch.exir.verification.verifier._EXECUTORCH_SYM_OPS")
+def _patch_edge_verifier_python_sym_ops(original: Any) -> Any:
+    """The edge-dialect verifier accepts the Python symbolic-size functions (``torch.sym_min``,
+    ``torch.sym_max``, ``torch.sym_ite``, ...) that ``to_executorch`` maps to ExecuTorch's prim ops.
+
+    Pattern: ``min(a, b)`` or ``max(a, b)`` over sizes read from data (unbacked SymInts) is recorded
+    as a ``torch.sym_min``/``torch.sym_max`` node. ``to_edge`` verifies the edge program before
+    ``to_executorch`` replaces those nodes by ``executorch_prim::sym_min.Scalar`` and its kin
+    (``exir/passes/executorch_prim_ops_registry.py``, which the runtime implements), and its verifier
+    lets through only builtins and those prim ops, not the Python functions: the lowering stopped on a
+    bare ``AssertionError`` (``assert op.__name__ in ("alloc",)``). The verifier's set of symbolic ops
+    gains the Python functions that have such a mapping, nothing else.
+    Models: Glm5NextModel, Glm5NextTextModel.
+    Upstream: executorch exir/verification/verifier.py (``check_valid_edge_op`` refuses the Python sym
+        functions that exir/passes/executorch_prim_ops_registry.py maps)
+    Remove when: the edge verifier accepts ``torch.sym_min``/``torch.sym_max`` (or to_edge maps them first).
+    """
+    from executorch.exir.passes.executorch_prim_ops_registry import _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
+
+    python_functions = {op for op in _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS if getattr(op, "__module__", "").startswith("torch")}
+    return set(original) | python_functions
