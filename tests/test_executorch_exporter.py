@@ -222,6 +222,21 @@ def test_patch_edge_verifier_python_sym_ops(tmp_path):
     assert [r.ok for r in reports] == [True, True] and max(r.max_abs_diff for r in reports) == 0.0
 
 
+def test_deepseek_v2_rotary_in_real_arithmetic(tmp_path):
+    """DeepSeek-V2 rotates queries and keys with complex numbers, which ExecuTorch lacks; the two
+    patches carry the table as (cos, sin) pairs and write the complex product out."""
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("DeepseekV2Model")
+    inputs = build_inputs(model)
+    report = _refused_without_then_parity(
+        model, inputs, ("_patch_deepseek_v2_rotary_as_real_pairs", "_patch_deepseek_v2_apply_rotary_real"),
+        "complex", tmp_path, atol=1e-3,
+    )
+    assert report.ok and report.max_abs_diff < 1e-5
+
+
 class InPlaceUpdate(torch.nn.Module):
     def forward(self, state: torch.Tensor, x: torch.Tensor, scale: float):
         state.add_(x)
@@ -427,9 +442,9 @@ def test_missing_operator_kernels_are_named(tmp_path, monkeypatch):
 
 
 def _refused_without_then_parity(model, inputs, workaround, refusal, tmp_path, atol):
-    """Export ``model`` without ``workaround`` (the export must fail matching ``refusal``), then with
+    """Export ``model`` without ``workaround`` (a name or a tuple of names; the export must fail matching ``refusal``), then with
     it, and return the parity report of the saved .pte run in executorch.runtime."""
-    with without_workarounds(workaround):
+    with without_workarounds(*([workaround] if isinstance(workaround, str) else workaround)):
         with pytest.raises(ExportStageError, match=refusal):
             ExecutorchExporter().export(model, inputs)
     exporter = ExecutorchExporter()

@@ -221,3 +221,56 @@ def _patch_erfinv_by_polynomial(_original: Any) -> Any:
         return erfinv_torch(input)
 
     return erfinv
+
+
+@register_patch("executorch", "transformers.models.deepseek_v2.modeling_deepseek_v2.DeepseekV2RotaryEmbedding.forward", loaded_only=True)
+def _patch_deepseek_v2_rotary_as_real_pairs(_original: Any) -> Any:
+    """DeepSeek-V2's rotary table as real (cos, sin) pairs instead of complex numbers; paired with
+    :func:`_patch_deepseek_v2_apply_rotary_real`, which rotates with them.
+
+    Pattern: ``torch.polar`` builds a complex table and ``apply_rotary_emb`` multiplies
+    ``view_as_complex`` queries and keys by it. ExecuTorch has no complex dtype: ``aten.polar`` is not
+    core ATen and ``view_as_complex_copy`` fails the lowering ("does not support automatic
+    differentiation for outputs with complex dtype"). The table becomes (batch, seq, head_dim / 2, 2)
+    with ``[..., 0] = cos``, ``[..., 1] = sin`` (times the attention scaling), the same numbers the
+    complex product uses.
+    Models: DeepseekV2Model, DeepseekV2ForCausalLM.
+    Upstream: executorch (no complex tensors in the edge dialect or the portable kernels);
+        transformers models/deepseek_v2/modeling_deepseek_v2.py (complex rotary)
+    Remove when: DeepSeek-V2 applies its rotary embedding with cos/sin like the Llama family.
+    """
+
+    @torch.no_grad()
+    def forward(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        # position_ids (batch, seq) -> (batch, seq, head_dim / 2, 2)
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        return torch.stack([torch.cos(freqs), torch.sin(freqs)], dim=-1) * self.attention_scaling
+
+    return forward
+
+
+@register_patch("executorch", "transformers.models.deepseek_v2.modeling_deepseek_v2.apply_rotary_emb", loaded_only=True)
+def _patch_deepseek_v2_apply_rotary_real(_original: Any) -> Any:
+    """DeepSeek-V2's rotary product in real arithmetic over (cos, sin) pairs: for a feature pair
+    ``(a, b)`` and angle pair ``(c, s)``, ``(a c - b s, a s + b c)``, the complex product written out.
+
+    Pattern: see :func:`_patch_deepseek_v2_rotary_as_real_pairs` (the two patches come together: this
+    one reads the table that one writes).
+    Models: DeepseekV2Model, DeepseekV2ForCausalLM.
+    Upstream: executorch (no complex tensors in the edge dialect or the portable kernels)
+    Remove when: DeepSeek-V2 applies its rotary embedding with cos/sin like the Llama family.
+    """
+
+    def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # xq, xk (batch, heads, seq, rope_dim); freqs_cis (batch, seq, rope_dim / 2, 2)
+        table = freqs_cis.unsqueeze(1)
+        cos, sin = table[..., 0], table[..., 1]
+
+        def rotate(x: torch.Tensor) -> torch.Tensor:
+            pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+            a, b = pairs[..., 0], pairs[..., 1]
+            return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(3).type_as(x)
+
+        return rotate(xq), rotate(xk)
+
+    return apply_rotary_emb
