@@ -237,6 +237,23 @@ def test_deepseek_v2_rotary_in_real_arithmetic(tmp_path):
     assert report.ok and report.max_abs_diff < 1e-5
 
 
+class _TopKMask(torch.nn.Module):
+    """A top-k mask built with int32 indices (GLM-5 Next's sparse attention): gather and scatter_add."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        index = x.topk(3, dim=-1).indices.int()
+        mask = torch.zeros(x.shape, dtype=torch.int32).scatter_add(-1, index, torch.ones_like(index))
+        return x.gather(-1, index), mask
+
+
+def test_fix_int32_gather_scatter_index(tmp_path):
+    report = _refused_without_then_parity(
+        _TopKMask(), {"x": _x(2, 4, 9)}, "_fix_int32_gather_scatter_index",
+        r"mismatched dtypes", tmp_path, atol=1e-5,
+    )
+    assert report.ok and report.max_abs_diff == 0.0 and [leaf.shape for leaf in report.leaves] == [(2, 4, 3), (2, 4, 9)]
+
+
 class InPlaceUpdate(torch.nn.Module):
     def forward(self, state: torch.Tensor, x: torch.Tensor, scale: float):
         state.add_(x)

@@ -49,3 +49,42 @@ def _fix_max_dim_for_xnnpack(graph_module: torch.fx.GraphModule, node: torch.fx.
         graph_module.graph.erase_node(user)
     graph_module.graph.erase_node(node)
     return True
+
+
+#: ops whose third argument is an index tensor that ExecuTorch's kernels take as int64 only
+_LONG_INDEX_OPS = (
+    torch.ops.aten.scatter_add.default,
+    torch.ops.aten.scatter.src,
+    torch.ops.aten.scatter.value,
+    torch.ops.aten.scatter_reduce.two,
+    torch.ops.aten.gather.default,
+    torch.ops.aten.index_select.default,
+)
+
+
+@register_fx_node_fix("executorch")
+def _fix_int32_gather_scatter_index(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Cast an int32 index of ``scatter``/``scatter_add``/``gather``/``index_select`` to int64.
+
+    Pattern: indices computed as int32 (top-k positions stored compactly, ``.int()`` before a
+    scatter) feed a gather or scatter. torch accepts int32 indices; ExecuTorch's edge verifier checks
+    each op's dtypes against its kernels', which take int64 indices only, and stopped the lowering
+    with "These operators are taking Tensor inputs with mismatched dtypes: ... aten.scatter_add.default
+    ... 'index': torch.int32". A ``_to_copy`` to int64 before the op gives the kernels what they take;
+    the values are the same.
+    Models: Glm5NextModel, Glm5NextTextModel (the sparse attention's top-k mask).
+    Upstream: executorch exir/verification/verifier.py with kernels/portable/functions.yaml (int64
+        index only for gather/scatter/index_select)
+    Remove when: ExecuTorch's gather/scatter kernels take int32 indices.
+    """
+    if node.target not in _LONG_INDEX_OPS or len(node.args) < 3 or not isinstance(node.args[2], torch.fx.Node):
+        return False
+    index = node.args[2]
+    value = index.meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.int32:
+        return False
+    with graph_module.graph.inserting_before(node):
+        wide = graph_module.graph.call_function(torch.ops.aten._to_copy.default, (index,), {"dtype": torch.int64})
+    wide.meta = {**index.meta, "val": value.to(torch.int64)}
+    node.args = (*node.args[:2], wide, *node.args[3:])
+    return True
