@@ -240,10 +240,12 @@ def test_deepseek_v2_rotary_in_real_arithmetic(tmp_path):
 class _TopKMask(torch.nn.Module):
     """A top-k mask built with int32 indices (GLM-5 Next's sparse attention): gather and scatter_add."""
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         index = x.topk(3, dim=-1).indices.int()
         mask = torch.zeros(x.shape, dtype=torch.int32).scatter_add(-1, index, torch.ones_like(index))
-        return x.gather(-1, index), mask
+        counts = torch.zeros(x.shape, dtype=torch.int32)
+        counts.scatter_add_(-1, index, torch.ones_like(index))  # in place, as GLM-5 Next writes it
+        return x.gather(-1, index), mask, counts
 
 
 def test_fix_int32_gather_scatter_index(tmp_path):
@@ -251,7 +253,7 @@ def test_fix_int32_gather_scatter_index(tmp_path):
         _TopKMask(), {"x": _x(2, 4, 9)}, "_fix_int32_gather_scatter_index",
         r"mismatched dtypes", tmp_path, atol=1e-5,
     )
-    assert report.ok and report.max_abs_diff == 0.0 and [leaf.shape for leaf in report.leaves] == [(2, 4, 3), (2, 4, 9)]
+    assert report.ok and report.max_abs_diff == 0.0 and [leaf.shape for leaf in report.leaves] == [(2, 4, 3), (2, 4, 9), (2, 4, 9)]
 
 
 class InPlaceUpdate(torch.nn.Module):

@@ -52,11 +52,16 @@ def _fix_max_dim_for_xnnpack(graph_module: torch.fx.GraphModule, node: torch.fx.
 
 
 #: ops whose third argument is an index tensor that ExecuTorch's kernels take as int64 only
+#: (in-place forms too: the traced program keeps ``scatter_add_`` on a tensor the model made itself)
 _LONG_INDEX_OPS = (
     torch.ops.aten.scatter_add.default,
+    torch.ops.aten.scatter_add_.default,
     torch.ops.aten.scatter.src,
+    torch.ops.aten.scatter_.src,
     torch.ops.aten.scatter.value,
+    torch.ops.aten.scatter_.value,
     torch.ops.aten.scatter_reduce.two,
+    torch.ops.aten.scatter_reduce_.two,
     torch.ops.aten.gather.default,
     torch.ops.aten.index_select.default,
 )
