@@ -96,6 +96,8 @@ class DynamoExporter:
     def __init__(self) -> None:
         self.static_axes: list[StaticAxis] = []
         self.dynamic_shapes: Any = None
+        #: whether the last trace ran under size-oblivious reasoning (see :meth:`_trace`)
+        self.size_oblivious = False
         #: the ExportedProgram of the last export (the traced graph every backend starts from)
         self.exported_program: torch.export.ExportedProgram | None = None
 
@@ -197,7 +199,8 @@ class DynamoExporter:
                 type(model).__name__, first_line(error),
             )
         self.size_oblivious = False
-        return trace()
+        with cleared_model_state(model):  # the failed trace may have cached tables on the model
+            return trace()
 
     def export(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: DynamoConfig | None = None) -> torch.export.ExportedProgram:
         """Trace ``model`` called as ``model(**inputs)``.

@@ -421,10 +421,15 @@ def _dense_mixture(hidden_states: torch.Tensor, weights: torch.Tensor, expert: A
     ``hidden_states`` (tokens, hidden); ``weights`` (tokens, count): the weight each token gives each
     expert, 0 where the router did not choose it; ``expert(e, hidden_states)`` -> (tokens, hidden).
     The Python loop runs over a count fixed by the config, so the trace has no data-dependent size.
+    Each expert's output is multiplied by its weight in the weight's dtype (float32 routers) and cast
+    to the hidden dtype before it is summed, as the loops do; an expert a token did not choose adds an
+    exact 0 even where its output overflows (``where``, not ``inf * 0``).
     """
     out = torch.zeros_like(hidden_states)
     for index in range(count):
-        out = out + expert(index, hidden_states) * weights[:, index, None].to(hidden_states.dtype)
+        weight = weights[:, index, None]
+        contribution = torch.where(weight != 0, expert(index, hidden_states) * weight, 0.0)
+        out = out + contribution.to(hidden_states.dtype)
     return out
 
 

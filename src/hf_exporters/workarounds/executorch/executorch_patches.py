@@ -11,13 +11,14 @@ from typing import Any
 import torch
 
 from ...registry import register_patch
+from ...shapes import is_symbolic
 
 
 def _symbolic_dims(node: torch.fx.Node) -> int:
-    """How many axes of ``node``'s output have a symbolic size."""
+    """How many axes of ``node``'s output have a symbolic size (a size the trace pinned counts as static)."""
     value = node.meta.get("val")
     shape = getattr(value, "shape", ())
-    return sum(not isinstance(size, int) for size in shape)
+    return sum(is_symbolic(size) for size in shape)
 
 
 @register_patch("executorch.xnnpack", "executorch.backends.xnnpack.partition.config.gemm_configs.ConvolutionConfig.check_constraints")

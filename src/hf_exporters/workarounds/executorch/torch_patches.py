@@ -240,7 +240,10 @@ def _patch_deepseek_v2_rotary_as_real_pairs(_original: Any) -> Any:
     Remove when: DeepSeek-V2 applies its rotary embedding with cos/sin like the Llama family.
     """
 
+    from transformers.modeling_rope_utils import dynamic_rope_update
+
     @torch.no_grad()
+    @dynamic_rope_update  # as the original: dynamic and long-context rope types switch inv_freq here
     def forward(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         # position_ids (batch, seq) -> (batch, seq, head_dim / 2, 2)
         freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
