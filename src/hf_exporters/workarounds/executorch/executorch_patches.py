@@ -60,7 +60,8 @@ def _patch_edge_verifier_python_sym_ops(original: Any) -> Any:
     lets through only builtins and those prim ops, not the Python functions: the lowering stopped on a
     bare ``AssertionError`` (``assert op.__name__ in ("alloc",)``). The verifier's set of symbolic ops
     gains the Python functions that have such a mapping, nothing else.
-    Models: Glm5NextModel, Glm5NextTextModel.
+    Models: Glm5NextModel, Glm5NextTextModel (which then stop on sizes read from data in the
+    lowering's dim-order pass: "Could not guard on data-dependent expression 16*u22 < 16").
     Upstream: executorch exir/verification/verifier.py (``check_valid_edge_op`` refuses the Python sym
         functions that exir/passes/executorch_prim_ops_registry.py maps)
     Remove when: the edge verifier accepts ``torch.sym_min``/``torch.sym_max`` (or to_edge maps them first).

@@ -77,7 +77,8 @@ def _fix_int32_gather_scatter_index(graph_module: torch.fx.GraphModule, node: to
     with "These operators are taking Tensor inputs with mismatched dtypes: ... aten.scatter_add.default
     ... 'index': torch.int32". A ``_to_copy`` to int64 before the op gives the kernels what they take;
     the values are the same.
-    Models: Glm5NextModel, Glm5NextTextModel (the sparse attention's top-k mask).
+    Models: Glm5NextModel, Glm5NextTextModel (the sparse attention's top-k mask; they then stop on
+    sizes read from data in the lowering's dim-order pass).
     Upstream: executorch exir/verification/verifier.py with kernels/portable/functions.yaml (int64
         index only for gather/scatter/index_select)
     Remove when: ExecuTorch's gather/scatter kernels take int32 indices.
