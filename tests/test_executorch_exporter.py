@@ -200,6 +200,31 @@ def _top_level_convolutions(manager) -> int:
     return sum("convolution" in str(n.target) for n in manager.exported_program().graph.nodes if n.op == "call_function")
 
 
+class _GatedHeads(torch.nn.Module):
+    """An attention output gated per head: ``out * gate.unsqueeze(-1).sigmoid()`` over (batch, length, heads)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        heads = x.reshape(*x.shape[:2], 4, 2)
+        return (heads * self.gate(x).unsqueeze(-1).sigmoid()).flatten(2)
+
+
+def test_patch_xnnpack_unsqueeze_one_dynamic_axis(tmp_path):
+    torch.manual_seed(0)
+    model, inputs = _GatedHeads().eval(), {"x": _x(2, 5, 8)}
+    with without_workarounds("_patch_xnnpack_unsqueeze_one_dynamic_axis"):
+        with pytest.raises(ExportStageError, match="XNNPACK reshape only supports 1 dynamic dimension"):
+            ExecutorchExporter().export(model, inputs, ExecutorchConfig(dynamic=True))
+    exporter = ExecutorchExporter()
+    path = exporter.save(exporter.export(model, inputs, ExecutorchConfig(dynamic=True)), tmp_path)
+    assert exporter.static_axes == [StaticAxis("x", 2, 8)]
+    reports = check_parity(model, exporter.load_runner(path), [inputs, {"x": _x(3, 7, 8)}], atol=1e-3)
+    assert [r.ok for r in reports] == [True, True] and max(r.max_abs_diff for r in reports) < 1e-5
+
+
 class _SumsFirstRows(torch.nn.Module):
     """``min()`` over a size read from data: the trace records ``torch.sym_min`` on an unbacked SymInt."""
 

@@ -48,6 +48,35 @@ def _patch_xnnpack_conv1d_one_dynamic_axis(original: Any) -> Any:
     return check_constraints
 
 
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack.partition.config.generic_node_configs.UnsqueezeCopyConfig.check_constraints",
+)
+def _patch_xnnpack_unsqueeze_one_dynamic_axis(original: Any) -> Any:
+    """XNNPACK's partitioner claims an ``unsqueeze_copy`` only when its output has at most one symbolic
+    axis; one with more runs on the portable kernel.
+
+    Pattern: a trailing ``unsqueeze`` of a (batch, length, ...) tensor with both axes dynamic
+    (``attn_output * gate.unsqueeze(-1).sigmoid()``, masks widened for broadcasting). The partitioner's
+    check looks at the axis only, so XNNPACK claims the node, and serialisation then refuses it: XNNPACK
+    lowers it as a static reshape, which takes one dynamic axis ("XNNPACK reshape only supports 1
+    dynamic dimension"). The view-copy config already refuses such reshapes; this gives unsqueeze the
+    same rule.
+    Models: Step3p7Model with dynamic shapes (its gated attention output).
+    Upstream: executorch backends/xnnpack/partition/config/generic_node_configs.py
+        (``UnsqueezeCopyConfig.check_constraints`` does not mirror the serializer's dynamic-axis check
+        in ``operators/op_squeeze.py``)
+    Remove when: the XNNPACK unsqueeze config refuses outputs with more than one symbolic axis.
+    """
+
+    def check_constraints(self: Any, node: torch.fx.Node, ep: Any) -> bool:
+        if _symbolic_dims(node) > 1:
+            return False
+        return original(self, node, ep)
+
+    return check_constraints
+
+
 @register_patch("executorch", "executorch.exir.verification.verifier._EXECUTORCH_SYM_OPS")
 def _patch_edge_verifier_python_sym_ops(original: Any) -> Any:
     """The edge-dialect verifier accepts the Python symbolic-size functions (``torch.sym_min``,
