@@ -302,22 +302,30 @@ def test_expert_loops_over_data_export_without_them(tmp_path, model_class, worka
             DynamoExporter().export(model.to(torch.bfloat16), inputs)
 
 
+def _tiny_refused_without(model_class, workaround, refusal):
+    """The sweep's tiny ``model_class`` and its inputs, after checking that the export without
+    ``workaround`` fails matching ``refusal``; returns (model, inputs, exporter, program) exported with it."""
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model(model_class)
+    inputs = build_inputs(model)
+    with without_workarounds(workaround):
+        with pytest.raises(ExportStageError, match=refusal):
+            DynamoExporter().export(model, inputs)
+    exporter = DynamoExporter()
+    return model, inputs, exporter, exporter.export(model, inputs)
+
+
 def test_fsmt_padding_mask_without_the_any_branch(tmp_path):
     """FSMT drops its padding mask when no token is padding (``if not padding_mask.any()``), a branch on
     the token ids; the program keeps an all-False mask instead, which masks nothing: eager's numbers
     on inputs with and without padding."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
-
-    model = build_model("FSMTModel")
-    inputs = build_inputs(model)
+    model, inputs, exporter, program = _tiny_refused_without(
+        "FSMTModel", "_patch_fsmt_padding_mask_always", "Could not guard on data-dependent expression"
+    )
     pad = model.config.pad_token_id
     assert not bool((inputs["input_ids"] == pad).any())
-    with without_workarounds("_patch_fsmt_padding_mask_always"):
-        with pytest.raises(ExportStageError, match="Could not guard on data-dependent expression"):
-            DynamoExporter().export(model, inputs)
-    exporter = DynamoExporter()
-    program = exporter.export(model, inputs)
     padded = {k: v.clone() for k, v in inputs.items()}
     padded["input_ids"][0, -3:] = pad
     padded["decoder_input_ids"][1, -2:] = pad
@@ -330,16 +338,9 @@ def test_fsmt_padding_mask_without_the_any_branch(tmp_path):
 def test_udop_merges_image_and_text_without_ragged_rows(tmp_path):
     """UDOP keeps, per row, the image patches no OCR box centre falls in (a data-dependent count) and
     pads them back; the patch builds the same rows by scattering each kept patch to its rank."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
-
-    model = build_model("UdopModel")
-    inputs = build_inputs(model)
-    with without_workarounds("_patch_udop_combine_without_ragged_rows"):
-        with pytest.raises(ExportStageError, match="its data is not allocated yet"):
-            DynamoExporter().export(model, inputs)
-    exporter = DynamoExporter()
-    program = exporter.export(model, inputs)
+    model, inputs, exporter, program = _tiny_refused_without(
+        "UdopModel", "_patch_udop_combine_without_ragged_rows", "its data is not allocated yet"
+    )
     other = {k: v.clone() for k, v in inputs.items()}
     other["bbox"] = torch.rand(other["bbox"].shape, generator=torch.Generator().manual_seed(3)).sort(-1).values  # other boxes, other patches
     other["bbox"][1, :2] = 0.0  # empty boxes (special tokens) add no image embedding
