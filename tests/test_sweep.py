@@ -465,8 +465,13 @@ def test_a_dynamic_job_requires_batch_and_length_axes_only() -> None:
     assert expected_dynamic_axes("input_values", audio) == {0, 1}
     assert expected_dynamic_axes("input_values", torch.zeros(2, 1, 3200)) == {0, 2}
     assert expected_dynamic_axes("input_values", torch.zeros(2, 64, 128)) == {0, 1}  # (batch, frames, mel bins)
+    grid = torch.tensor([[1, 4, 4]])  # (images, 3): a (t, h, w) row per image, not a token sequence
+    assert expected_dynamic_axes("image_grid_thw", grid) == {0}
+    assert expected_dynamic_axes("spatial_shapes", torch.tensor([[4, 4], [4, 4]])) == {0}
+    assert expected_dynamic_axes("token_type_ids", ids) == {0, 1}
     fixed = [("pixel_values", 1, 3), ("pixel_values", 2, 32), ("input_ids", 1, 8)]
     assert _unexpected_static(fixed, {"input_ids": ids, "pixel_values": pixels}) == [("input_ids", 1, 8)]
+    assert _unexpected_static([("image_grid_thw", 1, 3)], {"image_grid_thw": grid}) == []
 
 
 def test_zygotes_preload_executorch_only_for_runs_with_executorch_jobs() -> None:

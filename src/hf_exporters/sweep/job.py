@@ -176,12 +176,18 @@ def _exported_program(program: Any) -> Any:
 #: inputs with a length axis (samples, frames) besides the token-like ones
 _LENGTH_INPUTS = ("input_values",)
 
+#: name endings of integer inputs that hold coordinates, not tokens: a row per image or batch entry and a
+#: fixed number of columns, ``(t, h, w)`` grids (``image_grid_thw``, ``video_grid_thw``, ``grid_thw``) and
+#: ``(h, w)`` sizes (``spatial_shapes``, ``image_sizes``, ``target_sizes``); the column count is the model's
+_COORDINATE_INPUTS = ("grid_thw", "spatial_shapes", "_sizes")
+
 
 def expected_dynamic_axes(name: str, tensor: Any) -> set[int]:
     """The axes of an input a dynamic export must keep dynamic for the job to pass.
 
     The batch axis (0) of every input, and the length axis (1) of token-like inputs (integer or
-    boolean tensors of shape ``(batch, sequence)``: ids, masks, positions) and of raw audio
+    boolean tensors of shape ``(batch, sequence)``: ids, masks, positions; not coordinate inputs such as
+    ``image_grid_thw`` ``(images, 3)`` or ``spatial_shapes`` ``(batch, 2)``, whose columns are fixed) and of raw audio
     (``input_values``: ``(batch, samples)``, a waveform ``(batch, 1 or 2 channels, samples)``, or
     frames ``(batch, frames, mel bins)``). Every axis is asked to be dynamic; the others (channels,
     mel bins, image height and width, feature widths) may be fixed by the model's weights or
@@ -190,7 +196,8 @@ def expected_dynamic_axes(name: str, tensor: Any) -> set[int]:
     import torch
 
     axes = {0} if tensor.dim() >= 1 else set()
-    token_like = tensor.dim() == 2 and (tensor.dtype == torch.bool or not tensor.is_floating_point())
+    coordinates = name.endswith(_COORDINATE_INPUTS)
+    token_like = tensor.dim() == 2 and not coordinates and (tensor.dtype == torch.bool or not tensor.is_floating_point())
     if token_like:
         axes.add(1)
     elif name in _LENGTH_INPUTS and tensor.dim() >= 2:
