@@ -388,22 +388,57 @@ class _UnfoldsPatches(torch.nn.Module):
         return x
 
 
-def test_guards_the_constraint_solver_cannot_solve_trace_again_without_size_oblivious_reasoning():
+def test_guards_the_constraint_solver_cannot_solve_do_not_stop_a_dynamic_export():
+    """MobileViTV2's patch unfolding over a dynamic image side leaves a floor-division guard that
+    sympy cannot solve; without the solver patch the export fails on it, with it the program keeps
+    the guard and runs other sides."""
     torch.manual_seed(0)
     model = _UnfoldsPatches().eval()
     inputs = {"pixel_values": torch.randn(2, 3, 64, 64)}
-    auto = torch.export.Dim.AUTO
-    import torch.fx.experimental._config as fx_config
-
-    with fx_config.patch(backed_size_oblivious=True), pytest.raises(NotImplementedError, match="cannot be solved using"):
-        torch.export.export(model, (), dict(inputs), dynamic_shapes={"pixel_values": {0: auto, 2: auto, 3: auto}}, strict=False)
+    with without_workarounds("_patch_dim_constraints_skip_unsolvable"):
+        with pytest.raises(ExportStageError, match="cannot be solved using"):
+            DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))
     exporter = DynamoExporter()
     program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
-    assert exporter.size_oblivious is False
     assert exporter.static_axes == [StaticAxis("pixel_values", 1, 3)]  # the channels meet the first convolution
-    other = {"pixel_values": torch.randn(3, 3, 96, 64)}  # the program bounds the sides at 96
-    reports = check_parity(model, ExportedProgramRunner(program), [inputs, other], atol=1e-5)
-    assert [r.ok for r in reports] == [True, True]
-    linear = DynamoExporter()
-    linear.export(torch.nn.Linear(3, 4), {"input": torch.randn(2, 3)}, DynamoConfig(dynamic=True))
-    assert linear.size_oblivious is True  # a trace the solver can solve keeps size-oblivious reasoning
+    others = [{"pixel_values": torch.randn(3, 3, 96, 64)}, {"pixel_values": torch.randn(4, 3, 64, 96)}]  # sides up to 96
+    reports = check_parity(model, ExportedProgramRunner(program), [inputs, *others], atol=1e-5)
+    assert [r.ok for r in reports] == [True, True, True]
+
+
+def test_window_index_by_sort_equals_transformers():
+    """The sorted-key window order and the clipped window lengths equal ``get_vision_window_index``
+    exactly (values and dtypes) on grids that fill windows, cut them short and hold several frames."""
+    import itertools
+
+    from transformers.vision_utils import get_vision_window_index
+
+    from hf_exporters.workarounds.dynamo.model_patches import _window_index_by_sort
+
+    cases = [((2, 112, 14), [(1, 2, 2), (2, 4, 6), (1, 8, 8), (3, 6, 2), (1, 14, 10)]), ((1, 4, 1), [(1, 3, 5), (1, 4, 4), (2, 7, 3)])]
+    for (merge, window, patch), grids in cases:
+        for pair in itertools.product(grids, repeat=2):
+            grid = torch.tensor(pair)
+            want, got = get_vision_window_index(grid, merge, window, patch), _window_index_by_sort(grid, merge, window, patch)
+            assert all(torch.equal(w, g) and w.dtype == g.dtype for w, g in zip(want, got)), pair
+
+
+@pytest.mark.parametrize(
+    "model_class, workaround, grid_name, others",
+    [
+        ("Qwen2_5_VisionTransformerPretrainedModel", "_patch_vision_window_index_by_sort", "grid_thw", ([[1, 2, 8]], [[2, 2, 4]])),
+        ("MiniCPMOcrVisionModel", "_patch_vision_nearest_position_ids_symbolic", "target_sizes", ([[2, 8], [8, 2]], [[8, 2], [4, 4]])),
+    ],
+)
+def test_vision_grid_helpers_keep_sizes_symbolic(tmp_path, model_class, workaround, grid_name, others):
+    """Vision towers that read each image's grid as Python ints stop the trace even in a static export;
+    with the sizes kept symbolic the program reads the grid at run time: eager's numbers on the traced
+    grid and on other grids of the same patch count."""
+    model, inputs, exporter, program = _tiny_refused_without(
+        model_class, workaround, "Could not extract specialized integer from data-dependent expression"
+    )
+    sets = [inputs] + [{**inputs, grid_name: torch.tensor(grid, dtype=inputs[grid_name].dtype)} for grid in others]
+    assert int(inputs[grid_name].prod(-1).sum()) == int(sets[1][grid_name].prod(-1).sum())
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), sets, atol=1e-4)
+    assert [r.ok for r in reports] == [True] * 3, [r.describe_failure() for r in reports if not r.ok]
+    assert max(r.max_abs_diff for r in reports) < 1e-5

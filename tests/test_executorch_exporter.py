@@ -550,6 +550,31 @@ def test_patch_bucketize_by_comparison(tmp_path):
     assert report.ok and report.max_abs_diff == 0
 
 
+class _FrameLengths(torch.nn.Module):
+    """Packed vision towers' frame boundaries: each image's ``h * w`` repeated once per frame, summed up."""
+
+    def forward(self, grid_thw: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        lengths = torch.repeat_interleave(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0])
+        frames_of_rows = hidden.repeat_interleave(grid_thw[:, 0], dim=0)
+        return torch.cat([lengths.cumsum(0), frames_of_rows.sum(-1).long()])
+
+
+def test_patch_repeat_interleave_by_counts(tmp_path):
+    """``repeat_interleave`` by a tensor of counts is not core ATen and has no portable kernel; the
+    patch's gather gives torch's values (zero counts included) and runs in the ExecuTorch runtime."""
+    from hf_exporters.workarounds.executorch.torch_patches import _patch_repeat_interleave_by_counts
+
+    ours = _patch_repeat_interleave_by_counts(torch.repeat_interleave)
+    counts, rows = torch.tensor([2, 0, 3, 1]), torch.arange(8).reshape(4, 2)
+    for args, kwargs in (((counts,), {}), ((rows, counts), {"dim": 0}), ((rows.t(), counts), {"dim": 1}), ((rows[:, 0], counts), {}), ((rows, counts), {"dim": 0, "output_size": 6})):
+        want, got = torch.repeat_interleave(*args, **kwargs), ours(*args, **kwargs)
+        assert torch.equal(got, want) and got.dtype == want.dtype
+    model = _FrameLengths()
+    inputs = {"grid_thw": torch.tensor([[2, 4, 4], [1, 2, 6]]), "hidden": torch.arange(6.0).reshape(2, 3)}
+    report = _refused_without_then_parity(model, inputs, "_patch_repeat_interleave_by_counts", "aten.repeat_interleave.Tensor is not in Core ATen opset", tmp_path, atol=0)
+    assert report.ok and report.max_abs_diff == 0
+
+
 class _GaussianCutoff(torch.nn.Module):
     """Gemma 3n's activation sparsity: a cut-off at the normal quantile of a target sparsity."""
 

@@ -541,3 +541,39 @@ def test_patch_histc_equal_bounds(tmp_path: Path) -> None:
     run = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path))
     (report,) = check_parity(model, run, [inputs], atol=0)
     assert report.ok and torch.as_tensor(run(inputs)[0]).tolist() == [15.0, 13.0, 14.0]  # 6 * 2 + [3, 1, 2]
+
+
+class _RepeatPerFrame(torch.nn.Module):
+    """InstructBLIP-Video's pattern: each row repeated once per video frame, the count a size of another input."""
+
+    def __init__(self, dim: int | None, count: int | None = None) -> None:
+        super().__init__()
+        self.dim, self.count = dim, count
+
+    def forward(self, x: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
+        return x.repeat_interleave(self.count or frames.shape[1], dim=self.dim) * 2
+
+
+@pytest.mark.parametrize("dim, shape, count", [(0, (2, 3), None), (1, (2, 3, 4), None), (-1, (2, 3, 4), None), (None, (2, 3), None), (1, (2, 3), 3)])
+def test_repeat_interleave_by_a_symbolic_count(tmp_path: Path, dim: int | None, shape: tuple[int, ...], count: int | None) -> None:
+    """``repeat_interleave`` by a count read from another input's dynamic size (and by a fixed int):
+    onnxruntime matches eager on sizes other than the traced ones. torchlib's own translation puts the
+    count on the wrong axis: with batch == count the rows are neither repeated nor interleaved."""
+    from hf_exporters.pipeline import make_config
+
+    model = _RepeatPerFrame(dim, count)
+    inputs = {"x": torch.randn(*shape), "frames": torch.zeros(2, 2)}
+    others = [{"x": torch.randn(b, *shape[1:]), "frames": torch.zeros(2, f)} for b, f in ((2, 2), (3, 2), (2, 5))]
+    if count is None:
+        exporter = OnnxExporter()
+        with without_workarounds("_aten_repeat_interleave_symbolic_repeats"):
+            program = exporter.export(model, inputs, make_config(exporter, True, None))
+        run = exporter.load_runner(exporter.save(program, tmp_path / "torchlib"))
+        if dim == 0:  # batch == count: rows come back unrepeated
+            assert tuple(run(others[0])[0].shape) == (2, 3) and tuple(model(**others[0]).shape) == (4, 3)
+        with pytest.raises(Exception, match="running Expand node.*invalid expand shape"):
+            run(others[1 if dim == 0 else 0])
+    exporter = OnnxExporter()
+    program = exporter.export(model, inputs, make_config(exporter, True, None))
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path / "ours")), others, atol=1e-6)
+    assert [r.ok for r in reports] == [True] * 3 and max(r.max_abs_diff for r in reports) == 0.0

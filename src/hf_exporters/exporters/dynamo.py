@@ -19,7 +19,6 @@ from ..shapes import StaticAxis, auto_dynamic_shapes, size_oblivious_sizes, stat
 from ._common import (
     clone_inputs,
     cleared_model_state,
-    first_line,
     flat_forward_signature,
     normalize_inputs,
     stage,
@@ -96,8 +95,6 @@ class DynamoExporter:
     def __init__(self) -> None:
         self.static_axes: list[StaticAxis] = []
         self.dynamic_shapes: Any = None
-        #: whether the last trace ran under size-oblivious reasoning (see :meth:`_trace`)
-        self.size_oblivious = False
         #: the ExportedProgram of the last export (the traced graph every backend starts from)
         self.exported_program: torch.export.ExportedProgram | None = None
 
@@ -158,20 +155,12 @@ class DynamoExporter:
 
     def _trace(self, model: torch.nn.Module, inputs: Mapping[str, Any], dynamic_shapes: Any, config: DynamoConfig) -> torch.export.ExportedProgram:
         """``torch.export.export`` of ``model(**inputs)``; with dynamic shapes, under size-oblivious reasoning
-        (:func:`~hf_exporters.shapes.size_oblivious_sizes`) and, when that trace leaves guards torch's
-        constraint solver cannot solve, once more under torch's default reasoning.
-
-        Workaround: the solver hands each equality guard to sympy's ``reduce_inequalities``, which raises
-        ``NotImplementedError`` ("The inequality, Eq(x/4 - 4*(((x/8)//2)), 0), cannot be solved using
-        solve_univariate_inequality") on floor divisions. Size-oblivious reasoning records such guards where
-        the default reasoning decides them from the example sizes (MobileViTV2's patch unfolding over a
-        dynamic image side). The second trace specialises axes whose example size is 0 or 1, which
-        :func:`static_axes` reports.
-        Upstream: pytorch/pytorch#131897 (the solver fails on guards with floor division and rounding).
-        Remove when: torch's ``DimConstraints.solve`` skips the guards sympy cannot solve.
+        (:func:`~hf_exporters.shapes.size_oblivious_sizes`), so an example size of 0 or 1 does not pin
+        its axis. Guards torch's constraint solver cannot solve are left to
+        ``_patch_dim_constraints_skip_unsolvable`` (a workaround of the registry).
 
         Raises:
-            Exception: whatever ``torch.export.export`` raises (the second trace's error when it ran).
+            Exception: whatever ``torch.export.export`` raises.
         """
 
         def trace() -> torch.export.ExportedProgram:
@@ -184,22 +173,9 @@ class DynamoExporter:
                 prefer_deferred_runtime_asserts_over_guards=config.prefer_deferred_runtime_asserts_over_guards,
             )
 
-        self.size_oblivious = dynamic_shapes is not None
-        if not self.size_oblivious:
+        if dynamic_shapes is None:
             return trace()
-        try:
-            with size_oblivious_sizes():
-                return trace()
-        except NotImplementedError as error:
-            if "cannot be solved using" not in str(error):
-                raise
-            logger.warning(
-                "%s: torch's constraint solver cannot solve a guard of the size-oblivious trace (%s); tracing again"
-                " with torch's default reasoning, which specialises axes of example size 0 or 1",
-                type(model).__name__, first_line(error),
-            )
-        self.size_oblivious = False
-        with cleared_model_state(model):  # the failed trace may have cached tables on the model
+        with size_oblivious_sizes():
             return trace()
 
     def export(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: DynamoConfig | None = None) -> torch.export.ExportedProgram:

@@ -114,7 +114,7 @@ class ExecutorchExporter(DynamoExporter):
             with stage(self.name, "Stage 5: FX node fixes"):
                 registry.apply_fx_node_fixes(scope, exported.graph_module)
 
-            if self.dynamic_shapes is not None and self.size_oblivious:
+            if self.dynamic_shapes is not None:
                 # The lowering re-traces the program (run_decompositions); sizes traced from an
                 # example of 0 or 1 must stay symbolic there too, as in the trace.
                 stack.enter_context(size_oblivious_sizes())

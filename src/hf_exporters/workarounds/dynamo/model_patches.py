@@ -128,6 +128,41 @@ def _patch_cache_is_compileable(_original: Any) -> property:
     return property(lambda self: False)
 
 
+@register_patch("dynamo", "torch.fx.experimental.symbolic_shapes.DimConstraints.solve")
+def _patch_dim_constraints_skip_unsolvable(original: Any) -> Any:
+    """Let a dynamic export finish when torch's constraint solver meets a guard sympy cannot solve.
+
+    Pattern: a dynamic export whose guards include an equality with floor divisions, such as a
+    dynamic image side that must split into whole patches or windows (``Eq(-x/8 + 4*((x/8)//4), 0)``:
+    the side is a multiple of 32). After the trace, ``DimConstraints.solve`` hands each symbol's
+    equalities to sympy's ``reduce_inequalities`` to turn them into specialisations; sympy raises
+    ``NotImplementedError`` ("cannot be solved using solve_univariate_inequality") and the export
+    fails, although the guard is a divisibility, not a specialisation. The solve only builds the
+    suggested-fixes message and the list of forced specialisations, so when sympy gives up the patch
+    logs it and keeps what the solve found so far; the program's own guards and runtime asserts are
+    unchanged, and an axis that really ended static is still reported by
+    :func:`~hf_exporters.shapes.static_axes` (the exporter's warning, the sweep's failure).
+    Models: MobileViTV2Model, EfficientLoFTRModel (dynamic in the sweep).
+    Upstream: pytorch/pytorch#131897 (the solver fails on guards with floor division and rounding)
+    Remove when: torch's ``DimConstraints.solve`` catches ``NotImplementedError`` for equalities as it
+        does for inequalities.
+    """
+    import logging
+
+    log = logging.getLogger("hf_exporters.dynamo")
+
+    def solve(self: Any) -> None:
+        try:
+            return original(self)
+        except NotImplementedError as error:
+            if "cannot be solved" not in str(error):
+                raise
+            log.info("torch's constraint solver gave up on a guard sympy cannot solve: %s", " ".join(str(error).split()))
+            return None
+
+    return functools.wraps(original)(solve)
+
+
 @register_patch("dynamo", "torch.nn.Module.to")
 def _patch_module_to_noop(original: Any) -> Any:
     """Return the module itself from ``Module.to(...)`` when no parameter or buffer would change.
@@ -372,6 +407,127 @@ def _patch_varlen_attention_as_block_mask(original: Any) -> Any:
             config._attn_implementation_internal = saved
 
     return functools.wraps(original)(forward)
+
+
+#: modeling modules (transformers 5.23) that import ``get_vision_window_index`` by name
+_WINDOW_INDEX_USERS = ("exaone4_5", "minicpm_ocr", "minicpmv4_6", "minicpmv4_7", "muse_glimmer", "muse_spark", "qwen2_5_omni", "qwen2_5_vl")
+#: modeling modules (transformers 5.23) that import ``get_vision_nearest_position_ids`` by name
+_NEAREST_POSITION_USERS = ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")
+
+
+def _packed_positions(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For items packed image after image, ``counts[i]`` of image ``i``: each item's image and its
+    place within that image, both (counts.sum(),) int64. The total is read once from the data (an
+    unbacked size); the image of an item is the number of images that end at or before it (a
+    comparison and a sum, no ``repeat_interleave``, no Python loop over the images)."""
+    total = counts.sum().item()
+    torch._check(total >= 0)
+    item = torch.arange(total, device=counts.device)
+    ends = torch.cumsum(counts, 0)
+    image = (item[:, None] >= ends[None, :]).sum(-1)
+    return image, item - (ends - counts)[image]
+
+
+def _window_index_by_sort(grid_thw: torch.Tensor, spatial_merge_size: int, window_size: int, patch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Window order of the merged tokens of every image and the windows' cumulative patch counts.
+
+    ``grid_thw`` (images, 3): ``(t, h, w)`` in patches. A frame of ``h / m`` x ``w / m`` merged tokens
+    (``m = spatial_merge_size``) is cut into windows of ``k = window_size / m / patch_size`` tokens a
+    side, the last row and column of windows cut short. Each token gets the key (image, frame, window
+    row, window column, row in window, column in window); ``argsort`` of the keys is the window order.
+    Returns ``window_index`` (total merged tokens,) int64 and ``cu_window_seqlens`` (windows + 1,)
+    int32 in patches (``m * m`` per token), windows frame by frame and image after image, with no empty
+    window: the values ``get_vision_window_index`` returns. Every image is handled at once, so neither
+    the number of images nor their sizes become Python ints.
+    """
+    side = window_size // spatial_merge_size // patch_size
+    grid = grid_thw.long()
+    frames, rows, cols = grid[:, 0], grid[:, 1] // spatial_merge_size, grid[:, 2] // spatial_merge_size
+    window_rows, window_cols = (rows + side - 1) // side, (cols + side - 1) // side
+
+    image, token = _packed_positions(frames * rows * cols)
+    rows_of, cols_of, window_rows_of, window_cols_of = rows[image], cols[image], window_rows[image], window_cols[image]
+    frame, row, col = token // (rows_of * cols_of), (token // cols_of) % rows_of, token % cols_of
+    window_of = (frame * window_rows_of + row // side) * window_cols_of + col // side
+    windows_before = torch.cumsum(frames * window_rows * window_cols, 0) - frames * window_rows * window_cols
+    key = ((windows_before[image] + window_of) * side + row % side) * side + col % side
+    window_index = torch.argsort(key)
+
+    image, window = _packed_positions(frames * window_rows * window_cols)
+    window_rows_of, window_cols_of = window_rows[image], window_cols[image]
+    height_in = torch.clamp(rows[image] - (window // window_cols_of) % window_rows_of * side, max=side)
+    width_in = torch.clamp(cols[image] - window % window_cols_of * side, max=side)
+    lengths = height_in * width_in * spatial_merge_size**2
+    cu_window_seqlens = torch.cat([torch.zeros(1, dtype=torch.long, device=grid.device), torch.cumsum(lengths, 0)])
+    return window_index, cu_window_seqlens.to(torch.int32)
+
+
+@register_patch(
+    "dynamo",
+    "transformers.vision_utils.get_vision_window_index",
+    *(f"transformers.models.{package}.modeling_{package}.get_vision_window_index" for package in _WINDOW_INDEX_USERS),
+    loaded_only=True,
+)
+def _patch_vision_window_index_by_sort(original: Any) -> Any:
+    """Compute the window-attention order of vision tokens with tensor ops on symbolic sizes.
+
+    Pattern: ``get_vision_window_index(grid_thw, ...)`` turns each image's grid into Python ints
+    (``int(grid_t)``), pads an index grid to whole windows, keeps the non-padded entries with a boolean
+    mask and drops empty windows with ``unique_consecutive``. The grid is data, so the trace fails with
+    "Could not extract specialized integer from data-dependent expression" in static exports too.
+    :func:`_window_index_by_sort` gives the same two tensors from sizes kept as symbols: the order by
+    ``argsort`` of a per-token key, the window lengths from each window's clipped height and width.
+    Precomputed ``window_index``/``cu_window_seqlens`` in ``kwargs`` are still popped and returned.
+    Models: Qwen2.5-VL and Qwen2.5-Omni vision towers, Exaone 4.5, Muse Glimmer, Muse Spark,
+    MiniCPM-OCR, MiniCPM-V 4.6/4.7 vision towers.
+    Upstream: transformers ``vision_utils.get_vision_window_index`` (its docstring asks exporters to
+        pass the tensors precomputed; no report found)
+    Remove when: transformers computes the window index without Python ints or ``unique_consecutive``.
+    """
+
+    def get_vision_window_index(grid_thw: torch.Tensor, spatial_merge_size: int, window_size: int, patch_size: int, kwargs: dict | None = None) -> Any:
+        if kwargs is not None and kwargs.get("window_index") is not None and kwargs.get("cu_window_seqlens") is not None:
+            return original(grid_thw, spatial_merge_size, window_size, patch_size, kwargs=kwargs)
+        if kwargs is not None:  # one precomputed without the other: popped and unused, as the original does
+            kwargs.pop("window_index", None), kwargs.pop("cu_window_seqlens", None)
+        return _window_index_by_sort(grid_thw, spatial_merge_size, window_size, patch_size)
+
+    return functools.wraps(original)(get_vision_window_index)
+
+
+@register_patch(
+    "dynamo",
+    "transformers.vision_utils.get_vision_nearest_position_ids",
+    *(f"transformers.models.{package}.modeling_{package}.get_vision_nearest_position_ids" for package in _NEAREST_POSITION_USERS),
+    loaded_only=True,
+)
+def _patch_vision_nearest_position_ids_symbolic(original: Any) -> Any:
+    """Bucket each image's patch rows and columns with its size kept as a symbol.
+
+    Pattern: ``get_vision_nearest_position_ids(target_sizes, n)`` reads each ``(h, w)`` with
+    ``int(height), int(width)``; the sizes are data, so the trace fails with "Could not extract
+    specialized integer from data-dependent expression u0". The replacement buckets every patch of
+    every image at once (row ``r`` of an image of height ``h`` falls in bucket ``bucketize(r / h)``, the
+    same for columns), giving the same (sum of h * w,) int64 ids into the ``n * n`` position table
+    without turning the number of images or their sizes into Python ints. A precomputed ``position_ids`` in
+    ``kwargs`` is still popped and returned.
+    Models: MiniCPM-OCR and MiniCPM-V 4.6/4.7 vision towers.
+    Upstream: transformers ``vision_utils.get_vision_nearest_position_ids`` (no report found)
+    Remove when: transformers drops the ``int()`` conversions.
+    """
+
+    def get_vision_nearest_position_ids(target_sizes: torch.Tensor, num_patches_per_side: int, kwargs: dict | None = None) -> torch.Tensor:
+        if kwargs is not None and kwargs.get("position_ids") is not None:
+            return original(target_sizes, num_patches_per_side, kwargs=kwargs)
+        boundaries = torch.arange(1 / num_patches_per_side, 1.0, 1 / num_patches_per_side, device=target_sizes.device)
+        sizes = target_sizes.long()
+        image, patch = _packed_positions(sizes[:, 0] * sizes[:, 1])
+        height, width = sizes[image, 0], sizes[image, 1]
+        rows = torch.bucketize((patch // width) / height, boundaries, right=True)
+        cols = torch.bucketize((patch % width) / width, boundaries, right=True)
+        return rows * num_patches_per_side + cols
+
+    return functools.wraps(original)(get_vision_nearest_position_ids)
 
 
 @register_patch("dynamo", "transformers.integrations.moe.ExpertsInterface.get_interface")

@@ -277,3 +277,43 @@ def _patch_deepseek_v2_apply_rotary_real(_original: Any) -> Any:
         return rotate(xq), rotate(xk)
 
     return apply_rotary_emb
+
+
+@register_patch("executorch", "torch.repeat_interleave", "torch.Tensor.repeat_interleave")
+def _patch_repeat_interleave_by_counts(original: Any) -> Any:
+    """``repeat_interleave`` by a 1-D tensor of counts as a gather of the slices each position falls in.
+
+    Pattern: packed vision towers expand per-image sizes to per-frame ones,
+    ``torch.repeat_interleave(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0])`` (transformers'
+    ``get_vision_cu_seqlens``). The program keeps ``aten.repeat_interleave.Tensor``, which is not in
+    the core ATen opset ("SpecViolationError: Operator torch._ops.aten.repeat_interleave.Tensor is not
+    in Core ATen opset") and has no portable kernel. With counts ``r`` (n,), output position ``p`` takes
+    slice ``i``, the number of cumulative counts ``cumsum(r)`` at or below ``p``: a broadcast
+    comparison and a sum over ``total x n`` pairs, then ``index_select`` along ``dim`` (of the flattened
+    input when ``dim`` is None). ``total`` is ``output_size`` when given, else ``r.sum()`` read from the
+    data (an unbacked size). An int or one-element count, and other forms, go to the original.
+    Models: Glm4vVisionModel, Glm4vMoeVisionModel, GlmOcrVisionModel, Glm5NextVisionModel,
+    HunYuanVLVisionTransformer, Inkling2VisionModel, Qwen2_5_VisionTransformerPretrainedModel
+    (executorch in the sweep).
+    Upstream: executorch kernels/portable (no ``repeat_interleave.Tensor`` kernel in executorch 1.4.1);
+        pytorch/pytorch (the op has no core ATen decomposition; no report found)
+    Remove when: the op decomposes to core ATen or ExecuTorch registers a kernel for it.
+    """
+
+    def repeat_interleave(input: Any, repeats: Any = None, dim: Any = None, *, output_size: Any = None) -> Any:  # noqa: A002 - torch's name
+        counts = input if repeats is None else repeats
+        if not isinstance(counts, torch.Tensor) or counts.dim() != 1 or (isinstance(counts.shape[0], int) and counts.shape[0] == 1):
+            if repeats is None:
+                return original(input, output_size=output_size)
+            return original(input, repeats, dim, output_size=output_size)
+        total = output_size if output_size is not None else counts.sum().item()
+        torch._check(total >= 0)
+        ends = torch.cumsum(counts, 0)
+        slice_of = (torch.arange(total, device=counts.device)[:, None] >= ends[None, :]).sum(-1)
+        if repeats is None:
+            return slice_of.to(counts.dtype)
+        if dim is None:
+            return input.reshape(-1).index_select(0, slice_of)
+        return input.index_select(dim, slice_of)
+
+    return repeat_interleave

@@ -131,3 +131,42 @@ def _aten_erf_inv(self: TensorType) -> TensorType:
     result = op.Mul(p, self)
     infinity = op.Mul(op.Sign(self), op.CastLike(op.Constant(value_float=float("inf")), self))
     return op.Where(op.Equal(op.Abs(self), one), infinity, result)
+
+
+@registry.register_onnx_translation("aten::repeat_interleave.self_int")
+def _aten_repeat_interleave_symbolic_repeats(
+    self: TensorType, repeats: INT64, dim: Optional[int] = None, output_size: Optional[int] = None
+) -> TensorType:
+    """``x.repeat_interleave(n, dim)`` with one count ``n`` for every slice, ``n`` an int or a size read
+    from another input (a SymInt).
+
+    Pattern: ``qformer_input_ids.repeat_interleave(frames, dim=0)`` with ``frames = pixel_values.shape[1]``
+    dynamic. torchlib's symbolic-count branch places ``n`` at axis ``dim`` of the broadcast shape
+    instead of the axis after it (its int branch places it right), so the program neither repeats nor
+    interleaves: onnxruntime gives ``batch`` rows instead of ``batch * n`` when ``batch == n`` (a later
+    Concat fails "Non concat axis dimensions must match"), or fails the Expand otherwise.
+    Each slice along ``dim`` is unsqueezed, expanded ``n`` times on the new axis and the two axes merged,
+    the same in both cases. ``dim=None`` flattens first, as torch does. Output: ``self.shape`` with axis
+    ``dim`` ``n`` times as long.
+    Models: InstructBlipVideoModel, InstructBlipVideoForConditionalGeneration (dynamic frames).
+    Upstream: onnxscript torchlib ``aten_repeat_interleave_self_int``, symbolic branch of
+        https://github.com/microsoft/onnxscript/pull/2548 (still in onnxscript 0.7.2; no report found)
+    Remove when: torchlib's symbolic branch puts the count at ``dim + 1``.
+    """
+    rank = len(self.shape)
+    if dim is None:
+        self = op.Reshape(self, op.Constant(value_ints=[-1]))
+        dim, rank = 0, 1
+    axis = dim % rank
+    ones_before = op.Constant(value_ints=[1] * (axis + 1))
+    ones_after = op.Constant(value_ints=[1] * (rank - axis - 1))
+    count = op.Constant(value_ints=[repeats]) if isinstance(repeats, int) else op.Reshape(op.Cast(repeats, to=INT64.dtype), op.Constant(value_ints=[-1]))
+    broadcast = op.Concat(ones_before, count, ones_after, axis=0) if rank - axis - 1 else op.Concat(ones_before, count, axis=0)
+    expanded = op.Expand(op.Unsqueeze(self, op.Constant(value_ints=[axis + 1])), broadcast)
+    shape = op.Shape(self)
+    merged = [op.Constant(value_ints=[-1])]
+    if axis:
+        merged.insert(0, op.Slice(shape, op.Constant(value_ints=[0]), op.Constant(value_ints=[axis])))
+    if rank - axis - 1:
+        merged.append(op.Slice(shape, op.Constant(value_ints=[axis + 1]), op.Constant(value_ints=[rank])))
+    return op.Reshape(expanded, op.Concat(*merged, axis=0) if len(merged) > 1 else merged[0])
