@@ -575,6 +575,36 @@ def test_patch_repeat_interleave_by_counts(tmp_path):
     assert report.ok and report.max_abs_diff == 0
 
 
+class _GridFromData(torch.nn.Module):
+    """A vision tower reading an image's patch grid as Python ints: an intermediate of shape
+    ``(h, w, c)`` whose strides are sizes read from data, transposed and reduced."""
+
+    def forward(self, grid: torch.Tensor, patches: torch.Tensor) -> torch.Tensor:
+        h, w = grid.tolist()
+        torch._check(h * w <= patches.shape[0])
+        image = patches[: h * w].reshape(h, w, patches.shape[1])
+        return image.transpose(0, 1).reshape(-1, patches.shape[1]).sum(0)
+
+
+def test_patch_dim_order_from_positive_strides(tmp_path):
+    """Strides that are sizes read from data: the lowering's dim order cannot compare ``4*u < 4``
+    without the patch; with it the order holds (a transposed copy sorts its axes), and the program runs
+    with eager's numbers."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from hf_exporters.workarounds.executorch.executorch_patches import _patch_dim_order_from_positive_strides
+
+    env = ShapeEnv()
+    u, v = env.create_unbacked_symint(), env.create_unbacked_symint()
+    ours = _patch_dim_order_from_positive_strides(lambda stride: "original")
+    assert ours((4 * u, 4, 1)) == (0, 1, 2)
+    assert ours((v, u * v, 1)) == (1, 0, 2)  # a transposed (u, v) grid
+    assert ours((12, 4, 1)) == "original"  # static strides are left to ExecuTorch
+    model, inputs = _GridFromData(), {"grid": torch.tensor([2, 3]), "patches": torch.randn(8, 4)}
+    report = _refused_without_then_parity(model, inputs, "_patch_dim_order_from_positive_strides", r"Could not guard on data-dependent expression 4\*u\d+ < 4", tmp_path, atol=1e-5)
+    assert report.ok and report.max_abs_diff < 1e-6
+
+
 class _GaussianCutoff(torch.nn.Module):
     """Gemma 3n's activation sparsity: a cut-off at the normal quantile of a target sparsity."""
 
@@ -587,3 +617,19 @@ def test_patch_erfinv_by_polynomial(tmp_path):
     model, inputs = _GaussianCutoff(), {"x": _x(2, 16) * 2}
     report = _refused_without_then_parity(model, inputs, "_patch_erfinv_by_polynomial", "aten.erfinv.default is not in Core ATen opset", tmp_path, atol=1e-4)
     assert report.ok and report.max_abs_diff < 1e-4
+
+
+def test_runner_failure_names_what_the_runtime_logged(tmp_path):
+    """The runtime logs why a call failed to file descriptor 2 and raises only an error code; the
+    runner's error carries those log lines."""
+    model = torch.nn.Linear(4, 3)
+    exporter = ExecutorchExporter()
+    run = exporter.load_runner(exporter.save(exporter.export(model, {"input": _x(2, 4)}), tmp_path))
+    assert run({"input": _x(2, 4)})[0].shape == (2, 3)
+    with pytest.raises(RuntimeError) as failure:
+        run({"input": _x(5, 4)})
+    assert str(failure.value) == (
+        "method->set_inputs() for method 'forward' failed with error 0x10: [tensor_impl.cpp:135] Attempted to resize a "
+        "static tensor. Expected shape (2, 4), but received (5, 4).; [method.cpp:1240] Error resizing tensor at input 0"
+    )
+    assert run({"input": _x(2, 4)})[0].shape == (2, 3)  # descriptor 2 restored, the method still runs

@@ -52,6 +52,44 @@ def missing_operators(pte: str | os.PathLike[str] | bytes, runtime: Any, method:
     return missing
 
 
+def execute_logging_failures(method: Any, flat: list[Any]) -> Any:
+    """``method.execute(flat)``, with what the runtime logs during the call captured and written on to
+    ``sys.stderr`` afterwards. The pybindings log through Python's ``sys.stderr``; the C++ parts write
+    to file descriptor 2: both are captured.
+
+    Raises:
+        RuntimeError: what ``execute`` raised ("method->execute() failed with error 0x12"), followed by
+            the last three lines the runtime logged during the call: the failed check, the instruction
+            and the operator.
+    """
+    import io
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    python_log, stderr = io.StringIO(), sys.stderr
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        sys.stderr = python_log
+        try:
+            return method.execute(flat)
+        except RuntimeError as error:
+            failure = error
+        finally:
+            sys.stderr = stderr
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            text = log.read().decode(errors="replace") + python_log.getvalue()
+            if text:
+                sys.stderr.write(text)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise failure
+    raise RuntimeError(f"{failure}: " + "; ".join(lines[-3:])) from failure
+
+
 #: the constant method the exporter stores (kept in sync with hf_exporters.exporters.executorch)
 INPUT_MUTATIONS_METHOD = "hf_exporters_input_mutation_outputs"
 
@@ -94,7 +132,14 @@ class ExecutorchRunner:
             self.skip_outputs = int(self.program.load_method(INPUT_MUTATIONS_METHOD).execute([])[0])
 
     def __call__(self, inputs: dict[str, Any]) -> list[torch.Tensor]:
+        """Run ``forward`` on ``inputs``.
+
+        Raises:
+            RuntimeError: the runtime refused the inputs or a kernel failed; the message carries the
+                runtime's own log lines that name the failing instruction and operator ("KernelCall
+                failed at instruction 0:74 in operator aten::_upsample_bilinear2d_aa.out: 0x12").
+        """
         flat = flat_inputs(inputs)
-        outputs = self.method.execute(flat)[self.skip_outputs :]
+        outputs = execute_logging_failures(self.method, flat)[self.skip_outputs :]
         # Output tensors may alias the method's planned memory: copy them out before the next run.
         return [o.clone() if isinstance(o, torch.Tensor) else torch.as_tensor(o) for o in outputs]

@@ -99,3 +99,64 @@ def _patch_edge_verifier_python_sym_ops(original: Any) -> Any:
 
     python_functions = {op for op in _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS if getattr(op, "__module__", "").startswith("torch")}
     return set(original) | python_functions
+
+
+def _stride_order(a: Any, b: Any) -> int:
+    """-1 when stride ``a`` sorts inside ``b`` (known smaller, or ``b`` a multiple of it), 1 when outside,
+    0 when equal or not known; both strides are at least 1, so a multiple is at least as large (equal
+    strides belong to a size-1 axis, which may sit on either side)."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    if guard_or_false(a == b):
+        return 0
+    if guard_or_false(a < b) or guard_or_false(b % a == 0):
+        return -1
+    if guard_or_false(b < a) or guard_or_false(a % b == 0):
+        return 1
+    return 0
+
+
+@register_patch(
+    "executorch",
+    "executorch.exir.tensor.dim_order_from_stride",
+    "executorch.exir.tensor_layout.dim_order_from_stride",
+    "executorch.exir.emit._emitter.dim_order_from_stride",
+    "executorch.exir.passes.replace_view_copy_with_view_pass.dim_order_from_stride",
+)
+def _patch_dim_order_from_positive_strides(original: Any) -> Any:
+    """The dim order of a tensor whose strides are sizes read from data (unbacked SymInts), decided
+    from what every stride is: at least 1, and a multiple of the strides of the axes inside it.
+
+    Pattern: an intermediate of shape ``(h, w, c)`` with ``h, w = grid.tolist()`` (a vision tower
+    reading each image's patch grid, a codec's frame count), strides ``(w*c, c, 1)`` or ``(4*u, 4, 1)``.
+    ``to_executorch`` computes every tensor's dim order by sorting its strides, and the comparison of an
+    unbacked stride with 1 or with a fixed stride (``4*u58 < 4``) cannot be decided: ExecuTorch only
+    refuses a stride of 0, so ``u58`` might be 0 or negative for torch's reasoning, and the lowering
+    stopped on "GuardOnDataDependentSymNode: Could not guard on data-dependent expression 4*u58 < 4"
+    (or ``u88*u89 < u89``). Strides of ExecuTorch tensors are positive, so each symbolic stride gets
+    ``torch._check(stride >= 1)`` (no runtime check: ExecuTorch computes strides from sizes), and a
+    stride that is a multiple of another sorts outside it. An order still undecided goes to the original
+    (its error). Static strides go to the original unchanged.
+    Models: Siglip2Model, Siglip2VisionModel, Sam3Model, Sam3LiteTextModel, VJEPA2Model, MimiDecoderModel,
+    PocketTTSAudioTokenizerDecoderModel, Glm5NextModel, Glm5NextTextModel (executorch in the sweep).
+    Upstream: executorch exir/tensor.py ``dim_order_from_stride`` (its ``K.__lt__`` handles ``u0 < 2*u0``
+        and ``1 < u0`` but not ``u0 < 1`` or ``k*u0 < k``; no report found)
+    Remove when: ``dim_order_from_stride`` assumes positive strides.
+    """
+    import functools
+
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    def dim_order_from_stride(stride: Any) -> Any:
+        symbolic = [s for s in stride if isinstance(s, torch.SymInt)]
+        if not symbolic:
+            return original(stride)
+        for size in symbolic:
+            torch._check(size >= 1, lambda: "0 in strides is not supported for ExecuTorch.")
+        order = sorted(range(len(stride)), key=functools.cmp_to_key(lambda i, j: _stride_order(stride[i], stride[j])), reverse=True)
+        for outer, inner in zip(order, order[1:]):
+            if _stride_order(stride[outer], stride[inner]) == 0 and not guard_or_false(stride[outer] == stride[inner]):
+                return original(stride)  # not decided: the original's answer, or its error
+        return tuple(order)
+
+    return dim_order_from_stride
