@@ -566,7 +566,7 @@ def test_patch_repeat_interleave_by_counts(tmp_path):
 
     ours = _patch_repeat_interleave_by_counts(torch.repeat_interleave)
     counts, rows = torch.tensor([2, 0, 3, 1]), torch.arange(8).reshape(4, 2)
-    for args, kwargs in (((counts,), {}), ((rows, counts), {"dim": 0}), ((rows.t(), counts), {"dim": 1}), ((rows[:, 0], counts), {}), ((rows, counts), {"dim": 0, "output_size": 6})):
+    for args, kwargs in (((counts,), {}), ((rows, counts), {"dim": 0}), ((rows.t(), counts), {"dim": 1}), ((rows[:, 0], counts), {}), ((rows, counts), {"dim": 0, "output_size": 6}), ((rows, counts[2:3]), {"dim": 0}), ((rows, torch.tensor(2)), {}), ((rows[:1], counts[:1]), {"dim": 0})):
         want, got = torch.repeat_interleave(*args, **kwargs), ours(*args, **kwargs)
         assert torch.equal(got, want) and got.dtype == want.dtype
     model = _FrameLengths()
@@ -633,3 +633,37 @@ def test_runner_failure_names_what_the_runtime_logged(tmp_path):
         "static tensor. Expected shape (2, 4), but received (5, 4).; [method.cpp:1240] Error resizing tensor at input 0"
     )
     assert run({"input": _x(2, 4)})[0].shape == (2, 3)  # descriptor 2 restored, the method still runs
+
+
+class _VideoPatchEmbed(torch.nn.Module):
+    """Qwen2-VL's patch embedding: every (2, 4, 4) patch of a frame pair embedded by a strided Conv3d."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Conv3d(3, 8, kernel_size=(2, 4, 4), stride=(2, 4, 4), bias=True)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.proj(pixel_values.view(-1, 3, 2, 4, 4)).view(-1, 8)
+
+
+def test_patch_conv3d_patchify_as_conv2d(tmp_path):
+    """A patchifying Conv3d lowers without the patch and fails in the runtime (no 3-D convolution
+    kernel); with it the program gives eager's numbers. Other 3-D convolutions go to torch's."""
+    from hf_exporters.workarounds.executorch.torch_patches import _patch_conv3d_patchify_as_conv2d
+
+    torch.manual_seed(0)
+    ours = _patch_conv3d_patchify_as_conv2d(torch.nn.functional.conv3d)
+    x, weight, bias = _x(2, 4, 5, 7, 11), _x(8, 4, 2, 3, 5), _x(8)
+    want, got = torch.nn.functional.conv3d(x, weight, bias, (2, 3, 5)), ours(x, weight, bias, (2, 3, 5))  # cropped to whole patches
+    assert got.shape == want.shape == (2, 8, 2, 2, 2) and got.is_contiguous() and (got - want).abs().max() < 1e-4
+    assert torch.equal(ours(x, weight, bias, 1, 1), torch.nn.functional.conv3d(x, weight, bias, 1, 1))
+    model, inputs = _VideoPatchEmbed().eval(), {"pixel_values": _x(6, 96)}
+    with without_workarounds("_patch_conv3d_patchify_as_conv2d"):
+        exporter = ExecutorchExporter()
+        run = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path / "conv3d"))
+        with pytest.raises(RuntimeError, match=r"Expect input tensor to be 3-D or 4-D, but got, 5"):
+            run(inputs)
+    exporter = ExecutorchExporter()
+    run = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path / "conv2d"))
+    (report,) = check_parity(model, run, [inputs], atol=1e-5)
+    assert report.ok and report.max_abs_diff < 1e-5

@@ -59,8 +59,8 @@ def execute_logging_failures(method: Any, flat: list[Any]) -> Any:
 
     Raises:
         RuntimeError: what ``execute`` raised ("method->execute() failed with error 0x12"), followed by
-            the last three lines the runtime logged during the call: the failed check, the instruction
-            and the operator.
+            up to three lines the runtime logged during the call: the failed check, the instruction and
+            the operator (the arguments' dump that follows is left out).
     """
     import io
     import sys
@@ -87,7 +87,9 @@ def execute_logging_failures(method: Any, flat: list[Any]) -> Any:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise failure
-    raise RuntimeError(f"{failure}: " + "; ".join(lines[-3:])) from failure
+    # The kernel's failed check and the failing instruction come before the dump of its arguments.
+    named = [line for line in lines if any(word in line.lower() for word in ("fail", "error", "attempted", "invalid", "expected"))]
+    raise RuntimeError(f"{failure}: " + "; ".join((named or lines)[-3:])) from failure
 
 
 #: the constant method the exporter stores (kept in sync with hf_exporters.exporters.executorch)

@@ -530,6 +530,55 @@ def _patch_vision_nearest_position_ids_symbolic(original: Any) -> Any:
     return functools.wraps(original)(get_vision_nearest_position_ids)
 
 
+def _pixel_shuffle_index(grid_thw: torch.Tensor, merge_size: int) -> torch.Tensor:
+    """Gather index that puts each ``m x m`` block of patches (``m = merge_size``) of every frame on
+    ``m * m`` consecutive rows, frame after frame and image after image.
+
+    ``grid_thw`` (images, 3): ``(t, h, w)`` in patches, ``h`` and ``w`` multiples of ``m``. Output
+    position ``q`` of a frame is (block row, block column, row in block, column in block) in row-major
+    order over ``(h/m, w/m, m, m)``; it reads the frame's patch ``(block row * m + row) * w + block
+    column * m + column``. Returns (sum of t * h * w,) int64, every image at once.
+    """
+    grid = grid_thw.long()
+    counts = grid[:, 0] * grid[:, 1] * grid[:, 2]
+    image, item = _packed_positions(counts)  # item: the place within its image
+    height, width = grid[image, 1], grid[image, 2]
+    q = item % (height * width)
+    blocks_w = width // merge_size
+    block, inside = q // (merge_size * merge_size), q % (merge_size * merge_size)
+    row = (block // blocks_w) * merge_size + inside // merge_size
+    col = (block % blocks_w) * merge_size + inside % merge_size
+    image_start = (torch.cumsum(counts, 0) - counts)[image]
+    return image_start + (item - q) + row * width + col
+
+
+@register_patch(
+    "dynamo",
+    *(f"transformers.models.{package}.modeling_{package}.get_vision_pixel_shuffle_index" for package in ("muse_glimmer", "muse_spark")),
+    loaded_only=True,
+)
+def _patch_vision_pixel_shuffle_index_symbolic(original: Any) -> Any:
+    """Compute the pixel-shuffle gather index of vision tokens with the grid kept as symbols.
+
+    Pattern: ``get_vision_pixel_shuffle_index(grid_thw, merge_size)`` loops over ``grid_thw.tolist()``
+    and reads each image's ``int(frames), int(height), int(width)``; the grid is data, so the trace
+    fails with "Could not extract specialized integer from data-dependent expression" in static exports
+    too. :func:`_pixel_shuffle_index` gives the same (sum of t * h * w,) int64 index for every image at
+    once. A precomputed ``pixel_shuffle_index`` in ``kwargs`` is still popped and returned.
+    Models: MuseGlimmerVisionModel, MuseSparkVisionModel (and the models around them).
+    Upstream: transformers ``get_vision_pixel_shuffle_index`` of muse_glimmer and muse_spark (its
+        docstring asks exporters to pass the index precomputed; no report found)
+    Remove when: transformers computes the index without Python ints.
+    """
+
+    def get_vision_pixel_shuffle_index(grid_thw: torch.Tensor, merge_size: int, kwargs: dict | None = None) -> torch.Tensor:
+        if kwargs is not None and kwargs.get("pixel_shuffle_index") is not None:
+            return original(grid_thw, merge_size, kwargs=kwargs)
+        return _pixel_shuffle_index(grid_thw, merge_size)
+
+    return functools.wraps(original)(get_vision_pixel_shuffle_index)
+
+
 @register_patch("dynamo", "transformers.integrations.moe.ExpertsInterface.get_interface")
 def _patch_eager_experts_as_batched_mm(original: Any) -> Any:
     """Trace mixture-of-experts layers configured for the ``eager`` experts implementation with

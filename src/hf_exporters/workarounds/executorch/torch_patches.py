@@ -291,7 +291,8 @@ def _patch_repeat_interleave_by_counts(original: Any) -> Any:
     slice ``i``, the number of cumulative counts ``cumsum(r)`` at or below ``p``: a broadcast
     comparison and a sum over ``total x n`` pairs, then ``index_select`` along ``dim`` (of the flattened
     input when ``dim`` is None). ``total`` is ``output_size`` when given, else ``r.sum()`` read from the
-    data (an unbacked size). An int or one-element count, and other forms, go to the original.
+    data (an unbacked size). A single count (one element or 0-d) applies to every slice, as in torch;
+    an int count goes to the original.
     Models: Glm4vVisionModel, Glm4vMoeVisionModel, GlmOcrVisionModel, Glm5NextVisionModel,
     HunYuanVLVisionTransformer, Inkling2VisionModel, Qwen2_5_VisionTransformerPretrainedModel
     (executorch in the sweep).
@@ -302,18 +303,67 @@ def _patch_repeat_interleave_by_counts(original: Any) -> Any:
 
     def repeat_interleave(input: Any, repeats: Any = None, dim: Any = None, *, output_size: Any = None) -> Any:  # noqa: A002 - torch's name
         counts = input if repeats is None else repeats
-        if not isinstance(counts, torch.Tensor) or counts.dim() != 1 or (isinstance(counts.shape[0], int) and counts.shape[0] == 1):
+        if not isinstance(counts, torch.Tensor) or counts.dim() > 1 or (repeats is None and counts.dim() != 1):
             if repeats is None:
                 return original(input, output_size=output_size)
             return original(input, repeats, dim, output_size=output_size)
+        if repeats is not None:
+            if dim is None:
+                input, dim = input.reshape(-1), 0  # noqa: A001
+            counts = counts.reshape(-1).expand(input.shape[dim])  # one count for every slice broadcasts
         total = output_size if output_size is not None else counts.sum().item()
         torch._check(total >= 0)
         ends = torch.cumsum(counts, 0)
         slice_of = (torch.arange(total, device=counts.device)[:, None] >= ends[None, :]).sum(-1)
         if repeats is None:
             return slice_of.to(counts.dtype)
-        if dim is None:
-            return input.reshape(-1).index_select(0, slice_of)
         return input.index_select(dim, slice_of)
 
     return repeat_interleave
+
+
+def _all_equal(value: Any, expected: int, rank: int = 3) -> bool:
+    values = tuple(value) if isinstance(value, (tuple, list)) else (value,) * rank
+    return len(values) == rank and all(v == expected for v in values)
+
+
+@register_patch("executorch", "torch.nn.functional.conv3d")
+def _patch_conv3d_patchify_as_conv2d(original: Any) -> Any:
+    """A 3-D convolution whose stride equals its kernel (a patch embedding) as a 2-D one over slices.
+
+    Pattern: video-capable vision towers embed each ``(t, p, p)`` patch of every frame with
+    ``nn.Conv3d(channels, dim, kernel_size=(t, p, p), stride=(t, p, p))``. XNNPACK does not take 3-D
+    convolutions and the portable kernel takes only 3-D or 4-D inputs, so the program lowered and then
+    failed in the runtime: "Check failed (in.dim() == 3 || in.dim() == 4): Expect input tensor to be
+    3-D or 4-D, but got, 5." (error 0x12 in ``aten::convolution.out``). Without overlap, each output
+    temporal slice of ``kt`` frames is independent: the input (N, C, T, H, W) is cropped to whole slices
+    and reshaped to (N * T/kt, C * kt, H, W), a 2-D convolution with the weight viewed as
+    (dim, C * kt, kh, kw) and stride (kh, kw) embeds it (tensors of at most 6 axes, which XNNPACK
+    takes), and the result is permuted back to (N, dim, T/kt, H/kh, W/kw). The same numbers up to the
+    order of the sums. Other convolutions (padding, dilation, groups, overlap) go to the original.
+    Models: Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), Qwen3.5 and GLM-4V-style vision towers (executorch).
+    Upstream: executorch kernels/portable/cpu/op_convolution.cpp (no 3-D convolution) and
+        backends/xnnpack (no 3-D convolution config); no report found
+    Remove when: ExecuTorch runs 3-D convolutions (portable kernel or XNNPACK).
+    """
+
+    def conv3d(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Any:  # noqa: A002 - torch's name
+        kernel = tuple(weight.shape[2:])
+        strides = tuple(stride) if isinstance(stride, (tuple, list)) else (stride,) * 3
+        if (
+            input.dim() != 5
+            or groups != 1
+            or strides != kernel
+            or isinstance(padding, str) and (padding != "valid")
+            or not isinstance(padding, str) and not _all_equal(padding, 0)
+            or not _all_equal(dilation, 1)
+        ):
+            return original(input, weight, bias, stride, padding, dilation, groups)
+        kt, kh, kw = kernel
+        n, c, ot = input.shape[0], input.shape[1], input.shape[2] // kt
+        frames = input[:, :, : ot * kt].reshape(n, c, ot, kt, input.shape[3], input.shape[4]).permute(0, 2, 1, 3, 4, 5)
+        frames = frames.reshape(n * ot, c * kt, input.shape[3], input.shape[4])
+        out = torch.nn.functional.conv2d(frames, weight.reshape(weight.shape[0], c * kt, kh, kw), bias, (kh, kw))
+        return out.reshape(n, ot, *out.shape[1:]).permute(0, 2, 1, 3, 4).contiguous()
+
+    return conv3d
