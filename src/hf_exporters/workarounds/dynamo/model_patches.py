@@ -39,7 +39,8 @@ def _export_safe_sdpa(
     more) or leaves a ``SymBool`` that SDPA refuses. Here causality without a mask is an explicit
     boolean mask, with eager's semantics: one query token sees every key; several see keys up to their
     own index (eager crops the keys to ``q_len`` there). A CPU call whose sizes were read from data is
-    recorded as SDPA's math kernel (:func:`_has_data_dependent_sizes`).
+    recorded as SDPA's math kernel (:func:`_has_data_dependent_sizes`), which adds its mask: a boolean
+    mask reaches it as 0 / -inf, the conversion SDPA itself makes.
     """
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     q_len, kv_len = query.shape[2], key.shape[2]
@@ -63,6 +64,9 @@ def _export_safe_sdpa(
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
     if _has_data_dependent_sizes(query, key, mask):
+        if mask is not None and mask.dtype == torch.bool:
+            # the math kernel adds its mask: a boolean one becomes 0 / -inf first, as SDPA itself does
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill(~mask, float("-inf"))
         out = torch.ops.aten._scaled_dot_product_attention_math(query, key, value, mask, dropout, False, scale=scaling)[0]
     else:
         out = torch.nn.functional.scaled_dot_product_attention(
