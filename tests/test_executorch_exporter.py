@@ -667,3 +667,44 @@ def test_patch_conv3d_patchify_as_conv2d(tmp_path):
     run = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path / "conv2d"))
     (report,) = check_parity(model, run, [inputs], atol=1e-5)
     assert report.ok and report.max_abs_diff < 1e-5
+
+
+class _ResizedPositions(torch.nn.Module):
+    """SigLIP 2's position embeddings: a (1, C, 4, 4) grid resized, antialiased, to a size read from data."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grid = torch.nn.Parameter(torch.randn(1, 3, 4, 4))
+
+    def forward(self, spatial_shape: torch.Tensor, patches: torch.Tensor) -> torch.Tensor:
+        height, width = spatial_shape.tolist()
+        torch._check(height > 0)
+        torch._check(width > 0)
+        torch._check(height * width <= patches.shape[0])
+        resized = torch.nn.functional.interpolate(self.grid, size=(height, width), mode="bilinear", align_corners=False, antialias=True)
+        positions = resized.reshape(3, -1).t()
+        return torch.nn.functional.pad(positions, (0, 0, 0, patches.shape[0] - positions.shape[0])) + patches
+
+
+def test_patch_antialiased_bilinear_to_sizes_from_data(tmp_path):
+    """The antialiased resize to a size read from data lowers without the patch and fails in the
+    runtime (the kernel does not resize its output); with it the program gives eager's numbers, also on
+    a grid shape other than the traced one. The weights equal torch's kernel when shrinking and growing."""
+    from hf_exporters.workarounds.executorch.torch_patches import _antialiased_bilinear_weights
+
+    torch.manual_seed(0)
+    grid = _x(1, 2, 7, 13)
+    for height, width in ((3, 5), (2, 9), (11, 20), (7, 13)):
+        want = torch.nn.functional.interpolate(grid, size=(height, width), mode="bilinear", antialias=True)
+        got = _antialiased_bilinear_weights(height, 7, grid) @ grid @ _antialiased_bilinear_weights(width, 13, grid).t()
+        assert (got - want).abs().max() < 1e-5, (height, width)
+    model, inputs = _ResizedPositions().eval(), {"spatial_shape": torch.tensor([2, 6]), "patches": _x(16, 3)}
+    with without_workarounds("_patch_antialiased_bilinear_to_sizes_from_data"):
+        exporter = ExecutorchExporter()
+        run = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path / "kernel"))
+        with pytest.raises(RuntimeError, match=re.escape("Check failed (out.size(2) == output_size[0])")):
+            run(inputs)
+    exporter = ExecutorchExporter()
+    run = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path / "matmul"))
+    reports = check_parity(model, run, [inputs, {**inputs, "spatial_shape": torch.tensor([5, 3])}], atol=1e-5)
+    assert [r.ok for r in reports] == [True, True] and max(r.max_abs_diff for r in reports) < 1e-5

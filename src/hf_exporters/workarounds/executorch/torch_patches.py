@@ -367,3 +367,52 @@ def _patch_conv3d_patchify_as_conv2d(original: Any) -> Any:
         return out.reshape(n, ot, *out.shape[1:]).permute(0, 2, 1, 3, 4).contiguous()
 
     return conv3d
+
+
+def _antialiased_bilinear_weights(out_size: Any, in_size: int, like: torch.Tensor) -> torch.Tensor:
+    """(out_size, in_size) weights of torch's antialiased bilinear resampling along one axis
+    (``align_corners=False``): output ``i`` centred at ``(i + 0.5) * scale`` in input pixels,
+    ``scale = in_size / out_size``, takes input ``j`` with the triangle filter
+    ``max(0, 1 - |j + 0.5 - centre| / max(scale, 1))``, each row normalised to sum 1. The scale is a
+    tensor, so an ``out_size`` read from data stays symbolic."""
+    out = torch.arange(out_size, dtype=torch.float64, device=like.device)
+    scale = in_size / torch.ones_like(out).sum()
+    width = torch.clamp(scale, min=1.0)
+    centre = (out + 0.5) * scale
+    taps = torch.arange(in_size, dtype=torch.float64, device=like.device)
+    weights = torch.clamp(1 - ((taps[None, :] + 0.5 - centre[:, None]) / width).abs(), min=0)
+    return (weights / weights.sum(-1, keepdim=True)).to(like.dtype)
+
+
+@register_patch("executorch", "torch.nn.functional.interpolate")
+def _patch_antialiased_bilinear_to_sizes_from_data(original: Any) -> Any:
+    """Antialiased bilinear resizing to a size read from data, as two matmuls with resampling weights.
+
+    Pattern: SigLIP 2 resizes its position-embedding grid to each image's patch grid,
+    ``F.interpolate(pos, size=(h, w), mode="bilinear", antialias=True)`` with ``h, w`` from
+    ``spatial_shapes.tolist()``. ExecuTorch's ``_upsample_bilinear2d_aa.out`` kernel checks the planned
+    output against the requested size instead of resizing it, so the program failed in the runtime:
+    "[op_upsample_bilinear2d_aa.cpp:246] Check failed (out.size(2) == output_size[0])" (error 0x12).
+    Resampling is linear along each axis: with ``W_h`` (h, H) and ``W_w`` (w, W) from
+    :func:`_antialiased_bilinear_weights`, the output of a (N, C, H, W) input is ``W_h @ x @ W_w^T``,
+    (N, C, h, w), equal to torch's kernel up to rounding (torch's CPU kernel differs when the output
+    width is 1 and the height grows: it repeats one row). Only 4-D inputs with ``mode="bilinear"``,
+    ``antialias=True``, ``align_corners`` False and a ``size`` holding a size read from data take this
+    path; every other call goes to the original (sizes known at export run the kernel as before).
+    Models: Siglip2VisionModel, Siglip2Model (executorch).
+    Upstream: executorch kernels/portable/cpu/op_upsample_bilinear2d_aa.cpp (no resize of a
+        dynamically sized output; no report found)
+    Remove when: the kernel resizes its output to ``output_size``.
+    """
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    def interpolate(input: Any, size: Any = None, scale_factor: Any = None, mode: str = "nearest", align_corners: Any = None, recompute_scale_factor: Any = None, antialias: bool = False) -> Any:  # noqa: A002 - torch's name
+        sizes = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
+        from_data = any(isinstance(s, torch.SymInt) and free_unbacked_symbols(s) for s in sizes)
+        if not (from_data and antialias and mode == "bilinear" and not align_corners and input.dim() == 4 and scale_factor is None):
+            return original(input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+        rows = _antialiased_bilinear_weights(sizes[0], input.shape[2], input)
+        cols = _antialiased_bilinear_weights(sizes[1], input.shape[3], input)
+        return torch.matmul(torch.matmul(rows, input), cols.t())
+
+    return interpolate
