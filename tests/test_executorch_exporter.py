@@ -625,14 +625,19 @@ def test_runner_failure_names_what_the_runtime_logged(tmp_path):
     model = torch.nn.Linear(4, 3)
     exporter = ExecutorchExporter()
     run = exporter.load_runner(exporter.save(exporter.export(model, {"input": _x(2, 4)}), tmp_path))
+    stderr_file = os.fstat(2).st_ino
     assert run({"input": _x(2, 4)})[0].shape == (2, 3)
-    with pytest.raises(RuntimeError) as failure:
-        run({"input": _x(5, 4)})
-    assert str(failure.value) == (
-        "method->set_inputs() for method 'forward' failed with error 0x10: [tensor_impl.cpp:135] Attempted to resize a "
-        "static tensor. Expected shape (2, 4), but received (5, 4).; [method.cpp:1240] Error resizing tensor at input 0"
-    )
+    log = run._log
+    for rows in (5, 7):  # the second failure's message holds only its own lines: the capture is emptied
+        with pytest.raises(RuntimeError) as failure:
+            run({"input": _x(rows, 4)})
+        assert str(failure.value) == (
+            "method->set_inputs() for method 'forward' failed with error 0x10: [tensor_impl.cpp:135] Attempted to resize a "
+            f"static tensor. Expected shape (2, 4), but received ({rows}, 4).; [method.cpp:1240] Error resizing tensor at input 0"
+        )
     assert run({"input": _x(2, 4)})[0].shape == (2, 3)  # descriptor 2 restored, the method still runs
+    assert os.fstat(2).st_ino == stderr_file
+    assert run._log is log and not log.closed  # one capture file per runner, not one per call
 
 
 class _VideoPatchEmbed(torch.nn.Module):

@@ -52,10 +52,13 @@ def missing_operators(pte: str | os.PathLike[str] | bytes, runtime: Any, method:
     return missing
 
 
-def execute_logging_failures(method: Any, flat: list[Any]) -> Any:
+def execute_logging_failures(method: Any, flat: list[Any], log: Any = None) -> Any:
     """``method.execute(flat)``, with what the runtime logs during the call captured and written on to
     ``sys.stderr`` afterwards. The pybindings log through Python's ``sys.stderr``; the C++ parts write
     to file descriptor 2: both are captured.
+
+    ``log``: a binary file, emptied and reused for the capture (a runner keeps one, so a call costs two
+    ``dup2`` and no new file); a temporary file when None.
 
     Raises:
         RuntimeError: what ``execute`` raised ("method->execute() failed with error 0x12"), followed by
@@ -66,24 +69,31 @@ def execute_logging_failures(method: Any, flat: list[Any]) -> Any:
     import sys
     import tempfile
 
+    if log is None:
+        with tempfile.TemporaryFile() as log:
+            return execute_logging_failures(method, flat, log)
     sys.stderr.flush()
+    log.seek(0)
+    log.truncate()
     python_log, stderr = io.StringIO(), sys.stderr
-    with tempfile.TemporaryFile() as log:
-        saved = os.dup(2)
-        os.dup2(log.fileno(), 2)
-        sys.stderr = python_log
-        try:
-            return method.execute(flat)
-        except RuntimeError as error:
-            failure = error
-        finally:
-            sys.stderr = stderr
-            os.dup2(saved, 2)
-            os.close(saved)
+    failure: RuntimeError | None = None
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    sys.stderr = python_log
+    try:
+        return method.execute(flat)
+    except RuntimeError as error:
+        failure = error
+    finally:
+        sys.stderr = stderr
+        os.dup2(saved, 2)
+        os.close(saved)
+        text = python_log.getvalue()
+        if os.fstat(log.fileno()).st_size:  # the C++ side wrote through fd 2
             log.seek(0)
-            text = log.read().decode(errors="replace") + python_log.getvalue()
-            if text:
-                sys.stderr.write(text)
+            text = log.read().decode(errors="replace") + text
+        if text:
+            sys.stderr.write(text)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise failure
@@ -129,6 +139,7 @@ class ExecutorchRunner:
             raise ValueError(f"the program has no method {method!r} (it has {sorted(self.program.method_names)})")
         # ExecuTorch returns the mutated user inputs (an updated StaticCache) before the model outputs;
         # the exporter records their number in a constant method.
+        self._log: Any = None
         self.skip_outputs = 0
         if INPUT_MUTATIONS_METHOD in self.program.method_names:
             self.skip_outputs = int(self.program.load_method(INPUT_MUTATIONS_METHOD).execute([])[0])
@@ -142,6 +153,10 @@ class ExecutorchRunner:
                 failed at instruction 0:74 in operator aten::_upsample_bilinear2d_aa.out: 0x12").
         """
         flat = flat_inputs(inputs)
-        outputs = execute_logging_failures(self.method, flat)[self.skip_outputs :]
+        if self._log is None:
+            import tempfile
+
+            self._log = tempfile.TemporaryFile()  # the runtime's log of one call; reused by every call
+        outputs = execute_logging_failures(self.method, flat, self._log)[self.skip_outputs :]
         # Output tensors may alias the method's planned memory: copy them out before the next run.
         return [o.clone() if isinstance(o, torch.Tensor) else torch.as_tensor(o) for o in outputs]

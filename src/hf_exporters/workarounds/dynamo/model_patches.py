@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ...registry import register_patch
+from .._packing import slice_index
 
 
 def _export_safe_sdpa(
@@ -305,8 +306,7 @@ def _segment_ids(cu_seqlens: torch.Tensor, length: Any) -> torch.Tensor:
     number of boundaries ``cu_seqlens[1:]`` at or below it; a comparison and a sum, which every
     backend lowers (no ``searchsorted``, no size read from the data).
     """
-    positions = torch.arange(length, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
-    return (positions[:, None] >= cu_seqlens[None, 1:]).sum(dim=-1)
+    return slice_index(cu_seqlens[1:], length)
 
 
 def _block_diagonal_sdpa(
@@ -426,10 +426,9 @@ def _packed_positions(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     comparison and a sum, no ``repeat_interleave``, no Python loop over the images)."""
     total = counts.sum().item()
     torch._check(total >= 0)
-    item = torch.arange(total, device=counts.device)
     ends = torch.cumsum(counts, 0)
-    image = (item[:, None] >= ends[None, :]).sum(-1)
-    return image, item - (ends - counts)[image]
+    image = slice_index(ends, total)
+    return image, torch.arange(total, device=counts.device) - (ends - counts)[image]
 
 
 def _window_index_by_sort(grid_thw: torch.Tensor, spatial_merge_size: int, window_size: int, patch_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ...registry import register_patch
+from .._packing import slice_index
 
 #: experts implementations whose trace ExecuTorch cannot run, each replaced by ``batched_mm``
 _EXPERTS_REPLACED = ("eager", "grouped_mm")
@@ -313,8 +314,7 @@ def _patch_repeat_interleave_by_counts(original: Any) -> Any:
             counts = counts.reshape(-1).expand(input.shape[dim])  # one count for every slice broadcasts
         total = output_size if output_size is not None else counts.sum().item()
         torch._check(total >= 0)
-        ends = torch.cumsum(counts, 0)
-        slice_of = (torch.arange(total, device=counts.device)[:, None] >= ends[None, :]).sum(-1)
+        slice_of = slice_index(torch.cumsum(counts, 0), total)
         if repeats is None:
             return slice_of.to(counts.dtype)
         return input.index_select(dim, slice_of)
