@@ -132,6 +132,21 @@ def test_tiny_config_family_override_is_applied_with_a_reason() -> None:
     assert all(reason.strip() for _, reason in tiny.FAMILY_OVERRIDES.values())
 
 
+def test_tiny_config_replaces_a_timm_backbone_with_a_transformers_one() -> None:
+    """The DETR family defaults to a timm backbone (timm is not installable next to the CPU torch build); the
+    override replaces the whole sub-config, keeping none of the timm fields."""
+    from hf_exporters.sweep.job import build_model
+
+    assert transformers.DetrConfig().backbone_config.model_type == "timm_backbone"
+    backbone = tiny.tiny_config(transformers.DetrConfig).backbone_config
+    assert (backbone.model_type, backbone.hidden_sizes, backbone.out_indices) == ("resnet", [16, 32, 48, 64], [1, 2, 3, 4])
+    assert not hasattr(backbone, "features_only")
+    deformable = tiny.tiny_config(transformers.DeformableDetrConfig).backbone_config
+    assert (deformable.model_type, deformable.out_indices) == ("resnet", [2, 3, 4])
+    model = build_model("DetrModel")
+    assert type(model.backbone.model).__name__ == "ResNetBackbone"
+
+
 def test_tiny_models_run_eager() -> None:
     from hf_exporters.sweep.inputs import build_inputs
     from hf_exporters.sweep.job import build_model

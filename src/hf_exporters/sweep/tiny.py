@@ -124,6 +124,32 @@ class _Derived:
 DERIVED = _Derived()
 
 
+class Replace:
+    """An override value set as a whole, not merged key by key into the default (a sub-config of another kind)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Replace({self.value!r})"
+
+
+def _resnet_backbone(out_indices: list[int]) -> Replace:
+    """A tiny transformers ResNet backbone (four one-block stages, 16 to 64 channels) in place of the DETR
+    family's default timm ResNet-50: timm needs torchvision, whose PyPI build links the CUDA torch libraries
+    and does not load against the CPU torch this project pins. ``out_indices``: the stages the model reads."""
+    return Replace(
+        {
+            "model_type": "resnet",
+            "embedding_size": 16,
+            "hidden_sizes": [16, 32, 48, 64],
+            "depths": [1, 1, 1, 1],
+            "layer_type": "basic",
+            "out_indices": out_indices,
+        }
+    )
+
+
 #: PP-LCNetV4 stage widths of the tiny text detectors' backbone
 _DETECTION_WIDTHS = [16, 32, 48, 64]
 
@@ -147,6 +173,20 @@ def _detection_backbone() -> dict[str, Any]:
 
 #: model_type -> (fields to set after the generic rule, why the generic rule cannot serve the family)
 FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
+    **{
+        model_type: (
+            {"backbone_config": _resnet_backbone(out_indices)},
+            "the default backbone is timm's ResNet-50, and timm cannot be installed next to the CPU torch build"
+            " (its torchvision dependency loads the CUDA libraries); a transformers ResNet takes its place",
+        )
+        for model_type, out_indices in (
+            ("detr", [1, 2, 3, 4]),
+            ("conditional_detr", [1, 2, 3, 4]),
+            ("table-transformer", [1, 2, 3, 4]),
+            ("dab-detr", [1, 2, 3, 4]),
+            ("deformable_detr", [2, 3, 4]),
+        )
+    },
     "whisper": (
         {"max_source_positions": 32},
         "the encoder requires exactly 2 * max_source_positions input frames; 32 keeps the inputs small",
@@ -372,10 +412,12 @@ def _scale_list(values: list[Any], target_first: int) -> list[Any]:
 
 def _merge(fields: dict[str, Any], changes: dict[str, Any]) -> None:
     """``changes`` set into ``fields``, dictionaries (sub-configs, rope parameters) merged key by key; a field set
-    to :data:`DERIVED` is removed."""
+    to :data:`DERIVED` is removed, a :class:`Replace` value set as a whole."""
     for key, value in changes.items():
         if value is DERIVED:
             fields.pop(key, None)
+        elif isinstance(value, Replace):
+            fields[key] = copy.deepcopy(value.value)
         elif isinstance(value, dict) and isinstance(fields.get(key), dict):
             _merge(fields[key], value)
         else:
