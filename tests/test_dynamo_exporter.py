@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from hf_exporters import DynamoConfig, DynamoExporter, ExportStageError
-from hf_exporters.errors import InputError
+from hf_exporters.errors import InputError, ParityError
 from hf_exporters.exporters._common import _STATEFUL_CACHE_ATTRS
 from hf_exporters.pipeline import default_model_path
 from hf_exporters.runtime import ExportedProgramRunner, check_parity, resized_inputs
@@ -488,3 +488,43 @@ def test_boolean_mask_over_sizes_read_from_data_masks():
     reports = check_parity(model, ExportedProgramRunner(program), [inputs, two], atol=1e-6)
     assert [r.ok for r in reports] == [True, True], [r.describe_failure() for r in reports if not r.ok]
     assert (model(**two) - unmasked).abs().max() > 0.1  # the second set's mask matters
+
+
+class _BranchesOnTracing(torch.nn.Module):
+    """Attention over 3 positions, causal only when traced: transformers' causal-mask skip in small. Eager
+    passes no mask to a module that is not causal (every position attends to every one); under tracing the
+    causal mask is built and applied."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones(3, 3, dtype=torch.bool).tril() if torch.compiler.is_compiling() else None
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=mask)
+
+
+def test_parity_failure_names_a_model_that_branches_on_tracing():
+    model = _BranchesOnTracing()
+    x = torch.arange(12.0).reshape(1, 1, 3, 4) / 10
+    runner = ExportedProgramRunner(DynamoExporter().export(model, {"x": x}))
+    with pytest.raises(ParityError) as failure:
+        check_parity(model, runner, [{"x": x}], atol=1e-5)
+    assert str(failure.value) == (
+        "outputs differ from eager beyond atol=1e-05 for inputs {'x': [1, 1, 3, 4]}: : max abs diff 0.432 (the model "
+        "computes differently when traced: eager run as under torch.export (torch.compiler.is_compiling() true) differs "
+        "from plain eager by 0.432, and the artifact matches that traced path within 0; the model code branches on "
+        "tracing (in transformers, an is_tracing() branch such as the causal-mask skip, which leaves a non-causal "
+        "attention module unmasked in eager only))"
+    )
+    # a plain numeric mismatch carries no such note
+    wrong = ExportedProgramRunner(DynamoExporter().export(_Scaled(2.0), {"x": x}))
+    with pytest.raises(ParityError) as plain:
+        check_parity(_Scaled(3.0), wrong, [{"x": x}], atol=1e-5)
+    assert "traced" not in str(plain.value)
+    assert torch.compiler.is_compiling() is False  # the rerun's patch is undone
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor

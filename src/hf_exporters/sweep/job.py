@@ -32,6 +32,7 @@ ERROR_KINDS: list[tuple[str, re.Pattern[str]]] = [
     ("specialised axis", re.compile(r"specializ|specialis|Constraints violated|ended static|not in range \[|ConstraintViolation|is not equal to|marked .* as dynamic", re.I)),
     ("dynamic control flow", re.compile(r"control flow|torch\.cond|Dynamic slicing|GuardOnDataDependent", re.I)),
     ("unsupported op", re.compile(r"No ONNX function found|DispatchError|not supported|unsupported|no decomposition|NotImplementedError|Could not run '|is not implemented|Missing out variant|operator .* not found|No kernel", re.I)),
+    ("eager differs when traced", re.compile(r"computes differently when traced", re.I)),
     ("token id mismatch", re.compile(r"token ids differ from eager", re.I)),
     ("numeric mismatch", re.compile(r"differ from eager beyond|NaN/inf where eager", re.I)),
     ("output structure mismatch", re.compile(r"returned \d+ outputs where eager|artifact shape .* != eager shape", re.I)),
@@ -339,7 +340,7 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
 
     from ..errors import ExportStageError, ParityError
     from ..pipeline import make_config, make_exporter
-    from ..runtime.compare import compare_leaves, eager_outputs, resized_inputs, ParityReport, _shapes
+    from ..runtime.compare import compare_leaves, eager_outputs, resized_inputs, traced_path_note, ParityReport, _shapes
     from ..shapes import auto_dynamic_shapes, clone_tree, static_axes
     from .inputs import build_inputs
 
@@ -413,6 +414,10 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
             worst = max(worst, report.max_abs_diff)
             record["max_abs_diff"] = worst
             if not report.ok:
+                note = traced_path_note(model, inputs_set, expected, actual, ours.default_atol)
+                if note:  # the model's own code differs between eager and tracing: named before the numbers
+                    message = f"ParityError: {note}; {report.describe_failure()}"
+                    raise _Failed("parity", ParityError(message), message[:600], None)
                 message = f"ParityError: {report.describe_failure()}"
                 raise _Failed("parity", ParityError(message), message[:300], None)
         record["atol"] = ours.default_atol
