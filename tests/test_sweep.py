@@ -172,6 +172,24 @@ def test_inputs_for_a_vision_tower_on_flattened_patches() -> None:
     assert output.pooler_output.shape[0] == 16 // config.spatial_merge_size**2
 
 
+def test_inputs_for_a_drafter_mask_span_context_and_window() -> None:
+    """A block-diffusion drafter attends from the window to the context and the window: the mask covers both, so
+    the traced mask builder sizes the keys as eager does."""
+    from hf_exporters.runtime.compare import eager_outputs, eager_outputs_as_traced
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("MuseGlimmerAssistantModel")
+    inputs = build_inputs(model)
+    assert {k: tuple(v.shape) for k, v in inputs.items()} == {
+        "noise_embeds": (2, 8, 64),
+        "context_hidden_states": (2, 8, 128),
+        "attention_mask": (2, 16),
+    }
+    (_, eager), (_, traced) = eager_outputs(model, inputs)[0], eager_outputs_as_traced(model, inputs)[0]
+    assert torch.equal(eager, traced)
+
+
 def test_inputs_for_video_and_time_series() -> None:
     from hf_exporters.sweep.inputs import BATCH, build_inputs
     from hf_exporters.sweep.job import build_model

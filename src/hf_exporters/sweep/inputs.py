@@ -485,6 +485,7 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     - ``action_embeds`` ``(batch, chunk_size + 1, action expert hidden)``, with a one-camera prefix ``pixel_values``
       ``(batch, 1, channels, height, width)``, ``pixel_attention_mask`` ``(batch, 1)`` and image placeholders in
       ``input_ids``; ``context_hidden_states`` with config ``target_layer_ids``: ``(batch, seq, hidden * layers)``;
+      with ``noise_embeds`` (a block-diffusion drafter), ``attention_mask`` ``(batch, context + seq)`` over both;
     - random draws the forward would make itself (``noise``, ``noise_sequence``, sampled patches): see
       ``_seeded_draws``.
     Runtime objects (``inference_session``) are never built.
@@ -667,6 +668,11 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     for name, width in embedded:
         if name in required and name not in inputs and _get(config, width) is not None:  # embeddings fed directly: (batch, seq, hidden)
             inputs[name] = torch.randn(BATCH, SEQ, int(_get(config, width)), generator=generator)
+    if {"noise_embeds", "context_hidden_states"} <= inputs.keys() and "attention_mask" in names and "attention_mask" not in inputs:
+        # a block-diffusion drafter's keys are the context followed by the denoised window: its mask spans both. Without
+        # it the traced mask builder sizes the keys by the window alone (eager skips the all-ones mask).
+        keys = inputs["context_hidden_states"].shape[1] + inputs["noise_embeds"].shape[1]
+        inputs["attention_mask"] = torch.ones(BATCH, keys, dtype=torch.long)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in names:
         dec_vocab = _get(config, "decoder_vocab_size", default=None) or vocab or 2
         inputs["decoder_input_ids"] = torch.randint(1, max(2, min(int(dec_vocab), 200)), (BATCH, DECODER_SEQ), generator=generator)
