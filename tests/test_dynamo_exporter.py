@@ -439,21 +439,24 @@ def test_pixel_shuffle_index_equals_transformers():
                 assert torch.equal(want, got) and want.dtype == got.dtype, grid
 
 
+_SPECIALIZED = "Could not extract specialized integer from data-dependent expression"
+
+
 @pytest.mark.parametrize(
-    "model_class, workaround, grid_name, others",
+    "model_class, workaround, grid_name, others, refusal",
     [
-        ("Qwen2_5_VisionTransformerPretrainedModel", "_patch_vision_window_index_by_sort", "grid_thw", ([[1, 2, 8]], [[2, 2, 4]])),
-        ("MiniCPMOcrVisionModel", "_patch_vision_nearest_position_ids_symbolic", "target_sizes", ([[2, 8], [8, 2]], [[8, 2], [4, 4]])),
-        ("MuseSparkVisionModel", "_patch_vision_pixel_shuffle_index_symbolic", "grid_thw", ([[1, 2, 8]], [[2, 2, 4]])),
+        ("Qwen2_5_VisionTransformerPretrainedModel", "_patch_vision_window_index_by_sort", "grid_thw", ([[1, 2, 8]], [[2, 2, 4]]), _SPECIALIZED),
+        ("MiniCPMOcrVisionModel", "_patch_vision_nearest_position_ids_symbolic", "target_sizes", ([[2, 8], [8, 2]], [[8, 2], [4, 4]]), _SPECIALIZED),
+        ("MuseSparkVisionModel", "_patch_vision_pixel_shuffle_index_symbolic", "grid_thw", ([[1, 2, 8]], [[2, 2, 4]]), _SPECIALIZED),
+        ("Cosmos3EdgeVisionModel", "_patch_cosmos3_edge_grid_sides_checked", "grid_thw", ([[1, 2, 8]], [[2, 2, 4]]),
+         r"Could not guard on data-dependent expression u\d+ > 0"),
     ],
 )
-def test_vision_grid_helpers_keep_sizes_symbolic(tmp_path, model_class, workaround, grid_name, others):
+def test_vision_grid_helpers_keep_sizes_symbolic(tmp_path, model_class, workaround, grid_name, others, refusal):
     """Vision towers that read each image's grid as Python ints stop the trace even in a static export;
     with the sizes kept symbolic the program reads the grid at run time: eager's numbers on the traced
     grid and on other grids of the same patch count."""
-    model, inputs, exporter, program = _tiny_refused_without(
-        model_class, workaround, "Could not extract specialized integer from data-dependent expression"
-    )
+    model, inputs, exporter, program = _tiny_refused_without(model_class, workaround, refusal)
     sets = [inputs] + [{**inputs, grid_name: torch.tensor(grid, dtype=inputs[grid_name].dtype)} for grid in others]
     assert int(inputs[grid_name].prod(-1).sum()) == int(sets[1][grid_name].prod(-1).sum())
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), sets, atol=1e-4)

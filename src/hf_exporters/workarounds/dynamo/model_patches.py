@@ -168,6 +168,51 @@ def _patch_dim_constraints_skip_unsolvable(original: Any) -> Any:
     return functools.wraps(original)(solve)
 
 
+@register_patch(
+    "dynamo",
+    "transformers.models.cosmos3_edge.modeling_cosmos3_edge.Cosmos3EdgeVisionEmbeddings.resize_positional_embeddings",
+    loaded_only=True,
+)
+def _patch_cosmos3_edge_grid_sides_checked(original: Any) -> Any:
+    """Cosmos3 Edge's per-image position-grid resize, with each image's grid sides stated to be whole
+    multiples of the merge size.
+
+    Pattern: ``for t, h, w in grid_thw.tolist()`` resizes the learned grid to ``(h, w)`` and then views it
+    as ``(h // m, m, w // m, m, -1)`` blocks (``m = spatial_merge_size``). With ``h``, ``w`` read from the
+    data, the ``-1`` needs the element count to be non-zero ("Could not guard on data-dependent
+    expression Ne(4*((u1//2))*((u2//2)), 0)"). The image processor makes every side a positive multiple of
+    ``m`` (the projector merges ``m x m`` patches), and the block view fails in eager otherwise, so
+    ``torch._check`` states it (and ``t >= 1``) before the same resize, block reorder and repeat over
+    frames, image after image. Positions are unchanged: (sum of t*h*w, hidden) in the patches' order.
+    Models: Cosmos3EdgeVisionModel.
+    Upstream: transformers models/cosmos3_edge/modeling_cosmos3_edge.py
+        (``Cosmos3EdgeVisionEmbeddings.resize_positional_embeddings``); pytorch/pytorch#125180
+    Remove when: the model checks the grid with ``torch_compilable_check`` before the resize.
+    """
+    import torch.nn.functional as F  # noqa: N812 - torch's usual alias
+
+    def resize_positional_embeddings(positional_embeddings: torch.Tensor, grid_thw: torch.Tensor, spatial_merge_size: int) -> torch.Tensor:
+        # positional_embeddings (side, side, hidden) -> (1, hidden, side, side), resized in float32 (CPU antialias)
+        grid = positional_embeddings.permute(2, 0, 1).unsqueeze(0)
+        dtype = grid.dtype
+        if grid.device.type == "cpu":
+            grid = grid.float()
+        m = spatial_merge_size
+        pieces = []
+        for frames, rows, cols in grid_thw.tolist():
+            torch._check(frames >= 1)
+            for side in (rows, cols):
+                torch._check(side >= m)
+                torch._check(side % m == 0)
+            plane = F.interpolate(grid, size=(rows, cols), mode="bilinear", align_corners=False, antialias=True)
+            plane = plane[0].permute(1, 2, 0).to(dtype)  # (rows, cols, hidden)
+            blocks = plane.reshape(rows // m, m, cols // m, m, plane.shape[-1]).transpose(1, 2)
+            pieces.append(blocks.reshape(rows * cols, plane.shape[-1]).repeat(frames, 1))
+        return torch.cat(pieces, dim=0)
+
+    return staticmethod(resize_positional_embeddings)
+
+
 @register_patch("dynamo", "torch.nn.Module.to")
 def _patch_module_to_noop(original: Any) -> Any:
     """Return the module itself from ``Module.to(...)`` when no parameter or buffer would change.
