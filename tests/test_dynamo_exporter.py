@@ -531,3 +531,35 @@ class _Scaled(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.factor
+
+
+def test_audio_window_cu_seqlens_equal_transformers():
+    """The windows as tensor ops give transformers' boundaries exactly: full windows, a remainder, an
+    empty sample, several chunks per sample."""
+    from transformers.models.qwen3_asr import modeling_qwen3_asr
+
+    from hf_exporters.workarounds.dynamo.model_patches import _patch_audio_window_cu_seqlens_symbolic
+
+    original = modeling_qwen3_asr.get_audio_cu_seqlens
+    patched = _patch_audio_window_cu_seqlens_symbolic(original)
+    for n_window, n_window_infer, mask_lengths in ((50, 800, [100, 100]), (4, 16, [40, 0, 17, 33]), (4, 8, [8, 5, 16]), (2, 4, [1, 9])):
+        chunk = 2 * n_window
+        chunks = max(-(-length // chunk) for length in mask_lengths) or 1
+        feature_lens = torch.tensor(mask_lengths)
+        chunk_lengths = torch.stack([(length - torch.arange(chunks) * chunk).clamp(0, chunk) for length in mask_lengths]).reshape(-1)
+        want = original(chunk_lengths, feature_lens, n_window_infer, n_window)
+        got = patched(chunk_lengths, feature_lens, n_window_infer, n_window)
+        assert torch.equal(want, got) and got.dtype == torch.int32, (mask_lengths, want, got)
+    precomputed = torch.tensor([0, 3], dtype=torch.int32)
+    assert patched(chunk_lengths, feature_lens, 4, 2, kwargs={"cu_seqlens": precomputed}) is precomputed
+
+
+def test_audio_encoder_windows_read_from_the_mask(tmp_path):
+    """Qwen3-ASR's encoder windows its frames by lengths read from the feature mask; the program reads
+    them at run time: eager's numbers on the traced mask and on a padded one of the same shape."""
+    model, inputs, exporter, program = _tiny_refused_without("Qwen3ASREncoder", "_patch_audio_window_cu_seqlens_symbolic", _SPECIALIZED)
+    padded = {**inputs, "input_features_mask": inputs["input_features_mask"].clone()}
+    padded["input_features_mask"][1, 37:] = 0
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, padded], atol=1e-4)
+    assert [r.ok for r in reports] == [True, True], [r.describe_failure() for r in reports if not r.ok]
+    assert reports[1].leaves[0].shape[0] < reports[0].leaves[0].shape[0]  # fewer frames kept: the mask was read

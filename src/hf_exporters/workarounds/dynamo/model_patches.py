@@ -578,6 +578,51 @@ def _patch_vision_nearest_position_ids_symbolic(original: Any) -> Any:
     return functools.wraps(original)(get_vision_nearest_position_ids)
 
 
+def _window_starts(lengths: torch.Tensor, window: Any) -> torch.Tensor:
+    """Cumulative boundaries of every sample cut into windows of ``window`` positions, int32.
+
+    ``lengths`` (batch,): each sample's packed length, samples back to back. A window starts at each
+    sample's start and every ``window`` positions within it, the last one cut short (an empty sample has
+    none). Returns (windows + 1,): the start of each window, then the packed total; the window count is
+    read from the data (an unbacked size).
+    """
+    sample, local = _packed_positions(lengths)
+    starts = torch.arange(local.shape[0], device=lengths.device)[local % window == 0]
+    return torch.cat([starts, lengths.sum().reshape(1)]).to(torch.int32)
+
+
+@register_patch(
+    "dynamo",
+    *(f"transformers.models.{package}.modeling_{package}.get_audio_cu_seqlens" for package in ("qwen3_asr", "qwen3_omni_moe")),
+    loaded_only=True,
+)
+def _patch_audio_window_cu_seqlens_symbolic(original: Any) -> Any:
+    """The audio encoders' attention windows as tensor ops over the packed frames.
+
+    Pattern: ``get_audio_cu_seqlens`` loops over each sample's post-convolution length in Python,
+    ``cu_chunk_lens += [window] * (cnn_len // window)`` plus the remainder, so the lengths (from the
+    feature mask) become Python ints: "Could not extract specialized integer from data-dependent
+    expression u1". The replacement marks every packed frame whose place in its sample is a multiple of
+    the window (the same ``max(chunk lengths after the convolutions) * n_window_infer // (2 * n_window)``)
+    and returns those starts followed by the total: the same (windows + 1,) int32 boundaries, with the
+    window count an unbacked size. A precomputed ``cu_seqlens`` in ``kwargs`` is still popped and returned.
+    Models: Qwen3ASREncoder (and the Qwen3-Omni-MoE audio encoder, which shares the function).
+    Upstream: transformers models/qwen3_asr/modeling_qwen3_asr.py ``get_audio_cu_seqlens`` (no report
+        found); pytorch/pytorch#125180 (sizes read from data under export)
+    Remove when: transformers builds the window boundaries with tensor ops.
+    """
+
+    def get_audio_cu_seqlens(chunk_lengths: torch.Tensor, feature_lens: torch.Tensor, n_window_infer: int, n_window: int, kwargs: dict | None = None) -> torch.Tensor:
+        if kwargs is not None and kwargs.get("cu_seqlens") is not None:
+            return original(chunk_lengths, feature_lens, n_window_infer, n_window, kwargs=kwargs)
+        output_lengths = original.__globals__["_get_feat_extract_output_lengths"]
+        window = output_lengths(chunk_lengths, n_window).max().item() * (n_window_infer // (n_window * 2))
+        torch._check(window > 0)  # eager divides by it
+        return _window_starts(output_lengths(feature_lens, n_window), window)
+
+    return functools.wraps(original)(get_audio_cu_seqlens)
+
+
 def _pixel_shuffle_index(grid_thw: torch.Tensor, merge_size: int) -> torch.Tensor:
     """Gather index that puts each ``m x m`` block of patches (``m = merge_size``) of every frame on
     ``m * m`` consecutive rows, frame after frame and image after image.
