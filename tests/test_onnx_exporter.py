@@ -577,3 +577,36 @@ def test_repeat_interleave_by_a_symbolic_count(tmp_path: Path, dim: int | None, 
     program = exporter.export(model, inputs, make_config(exporter, True, None))
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path / "ours")), others, atol=1e-6)
     assert [r.ok for r in reports] == [True] * 3 and max(r.max_abs_diff for r in reports) == 0.0
+
+
+class _RemainderByWindow(torch.nn.Module):
+    """Each position's place in a window whose size is read from the data (a SymInt scalar), or a fixed int."""
+
+    def __init__(self, fixed: int | float | None = None) -> None:
+        super().__init__()
+        self.fixed = fixed
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        window = self.fixed if self.fixed is not None else lengths.max().item()
+        if self.fixed is None:
+            torch._check(window > 0)
+        return x % window
+
+
+@pytest.mark.parametrize("dtype, fixed", [(torch.int64, None), (torch.int64, 3), (torch.float32, 2.5), (torch.float32, None)])
+def test_remainder_by_a_symbolic_scalar(tmp_path: Path, dtype: torch.dtype, fixed: float | None) -> None:
+    """``x % n`` with ``n`` read from the data: torchlib refuses the symbolic scalar; our translation gives
+    eager's values (negative numbers included: the sign follows the divisor) for other data."""
+    model = _RemainderByWindow(fixed)
+    x = (torch.arange(-7, 9) * (1 if dtype == torch.int64 else 0.75)).to(dtype)
+    inputs = {"x": x, "lengths": torch.tensor([3, 5, 4])}
+    if fixed is None and dtype == torch.int64:
+        with without_workarounds("_aten_remainder_symbolic_scalar"):
+            with pytest.raises(ExportStageError, match="int\\(\\) argument must be a string, a bytes-like object or a real number, not 'SymbolicTensor'"):
+                OnnxExporter().export(model, inputs)
+    exporter = OnnxExporter()
+    run = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path))
+    for lengths in ([3, 5, 4], [2, 7, 1], [4, 4, 4]):
+        other = {"x": x, "lengths": torch.tensor(lengths)}
+        got = torch.as_tensor(run(other)[0])
+        assert got.dtype == dtype and torch.equal(got, model(**other)), (lengths, got)

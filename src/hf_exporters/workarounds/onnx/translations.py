@@ -170,3 +170,27 @@ def _aten_repeat_interleave_symbolic_repeats(
     if rank - axis - 1:
         merged.append(op.Slice(shape, op.Constant(value_ints=[axis + 1]), op.Constant(value_ints=[rank])))
     return op.Reshape(expanded, op.Concat(*merged, axis=0) if len(merged) > 1 else merged[0])
+
+
+@registry.register_onnx_translation("aten::remainder.Scalar")
+def _aten_remainder_symbolic_scalar(self: TensorType, other: TensorType) -> TensorType:
+    """``x % n`` for a tensor ``x`` and a scalar ``n`` that may be a size read from the data (a SymInt).
+
+    Pattern: ``positions % window`` with ``window = lengths.max().item() * k`` (the audio encoders'
+    attention windows). The program keeps ``aten.remainder.Scalar`` with the symbolic scalar as its
+    second argument; torchlib builds a constant from it ("int() argument must be a string, a bytes-like
+    object or a real number, not 'SymbolicTensor'"). Here a symbolic ``n`` is cast to ``x``'s type and
+    a Python number becomes a constant. Integers: ONNX ``Mod`` with ``fmod=0`` (the sign follows the
+    divisor, as torch's remainder); floating point: ``x - floor(x / n) * n``. Output: ``x``'s shape and type.
+    Models: Qwen3ASREncoder (onnx in the sweep).
+    Upstream: onnxscript torchlib ``aten_remainder_scalar`` (``ir.tensor(other)`` on a symbolic value,
+        onnxscript 0.7.2; no report found)
+    Remove when: torchlib accepts a symbolic scalar in ``aten::remainder.Scalar``.
+    """
+    if isinstance(other, (int, float)):
+        divisor = op.CastLike(op.Constant(value_float=float(other)) if isinstance(other, float) else op.Constant(value_int=other), self)
+    else:
+        divisor = op.CastLike(other, self)
+    if self.dtype.is_integer():
+        return op.Mod(self, divisor, fmod=0)
+    return op.Sub(self, op.Mul(op.Floor(op.Div(self, divisor)), divisor))
