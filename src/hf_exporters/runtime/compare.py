@@ -77,7 +77,8 @@ def eager_outputs(model: torch.nn.Module, inputs: dict[str, Any]) -> list[tuple[
 def eager_outputs_as_traced(model: torch.nn.Module, inputs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """:func:`eager_outputs` with ``torch.compiler.is_compiling()`` and ``torch.compiler.is_exporting()``
     answering True, as they do while ``torch.export`` traces: the path the model code takes when traced
-    (transformers' ``is_tracing`` branches), run eagerly."""
+    (transformers' ``is_tracing`` branches), run eagerly. The two functions are swapped process-wide for
+    the length of the call (torch's own checks of them are as under ``torch.export``)."""
     from unittest import mock
 
     with mock.patch.object(torch.compiler, "is_compiling", lambda: True), mock.patch.object(torch.compiler, "is_exporting", lambda: True):
