@@ -57,8 +57,8 @@ def execute_logging_failures(method: Any, flat: list[Any], log: Any = None) -> A
     ``sys.stderr`` afterwards. The pybindings log through Python's ``sys.stderr``; the C++ parts write
     to file descriptor 2: both are captured.
 
-    ``log``: a binary file, emptied and reused for the capture (a runner keeps one, so a call costs two
-    ``dup2`` and no new file); a temporary file when None.
+    ``log``: a binary file, emptied and reused for the capture (a runner keeps one, so a call costs a few
+    descriptor calls and no new file); a temporary file when None.
 
     Raises:
         RuntimeError: what ``execute`` raised ("method->execute() failed with error 0x12"), followed by
@@ -78,9 +78,9 @@ def execute_logging_failures(method: Any, flat: list[Any], log: Any = None) -> A
     python_log, stderr = io.StringIO(), sys.stderr
     failure: RuntimeError | None = None
     saved = os.dup(2)
-    os.dup2(log.fileno(), 2)
-    sys.stderr = python_log
     try:
+        os.dup2(log.fileno(), 2)
+        sys.stderr = python_log
         return method.execute(flat)
     except RuntimeError as error:
         failure = error

@@ -179,11 +179,12 @@ def _patch_cosmos3_edge_grid_sides_checked(original: Any) -> Any:
 
     Pattern: ``for t, h, w in grid_thw.tolist()`` resizes the learned grid to ``(h, w)`` and then views it
     as ``(h // m, m, w // m, m, -1)`` blocks (``m = spatial_merge_size``). With ``h``, ``w`` read from the
-    data, the ``-1`` needs the element count to be non-zero ("Could not guard on data-dependent
-    expression Ne(4*((u1//2))*((u2//2)), 0)"). The image processor makes every side a positive multiple of
-    ``m`` (the projector merges ``m x m`` patches), and the block view fails in eager otherwise, so
-    ``torch._check`` states it (and ``t >= 1``) before the same resize, block reorder and repeat over
-    frames, image after image. Positions are unchanged: (sum of t*h*w, hidden) in the patches' order.
+    data, the trace stops on the resize's size checks ("Could not guard on data-dependent expression
+    u1 > 0") and then on the ``-1`` of the block view. The image processor makes every side a positive
+    multiple of ``m`` (the projector merges ``m x m`` patches); ``torch._check`` states that (and
+    ``t >= 0``) before the same resize, block reorder and repeat over frames, image after image. A grid
+    that breaks it fails with a message naming the side, where eager may still reshape it. Positions
+    are unchanged: (sum of t*h*w, hidden) in the patches' order.
     Models: Cosmos3EdgeVisionModel.
     Upstream: transformers models/cosmos3_edge/modeling_cosmos3_edge.py
         (``Cosmos3EdgeVisionEmbeddings.resize_positional_embeddings``); pytorch/pytorch#125180
@@ -200,10 +201,10 @@ def _patch_cosmos3_edge_grid_sides_checked(original: Any) -> Any:
         m = spatial_merge_size
         pieces = []
         for frames, rows, cols in grid_thw.tolist():
-            torch._check(frames >= 1)
+            torch._check(frames >= 0, lambda: "grid_thw: a negative frame count")
             for side in (rows, cols):
-                torch._check(side >= m)
-                torch._check(side % m == 0)
+                torch._check(side >= m, lambda: f"grid_thw: a grid side below the merge size {m}")
+                torch._check(side % m == 0, lambda: f"grid_thw: a grid side that is not a multiple of the merge size {m}")
             plane = F.interpolate(grid, size=(rows, cols), mode="bilinear", align_corners=False, antialias=True)
             plane = plane[0].permute(1, 2, 0).to(dtype)  # (rows, cols, hidden)
             blocks = plane.reshape(rows // m, m, cols // m, m, plane.shape[-1]).transpose(1, 2)
@@ -586,7 +587,7 @@ def _window_starts(lengths: torch.Tensor, window: Any) -> torch.Tensor:
     none). Returns (windows + 1,): the start of each window, then the packed total; the window count is
     read from the data (an unbacked size).
     """
-    sample, local = _packed_positions(lengths)
+    _, local = _packed_positions(lengths)
     starts = torch.arange(local.shape[0], device=lengths.device)[local % window == 0]
     return torch.cat([starts, lengths.sum().reshape(1)]).to(torch.int32)
 
@@ -613,8 +614,8 @@ def _patch_audio_window_cu_seqlens_symbolic(original: Any) -> Any:
     """
 
     def get_audio_cu_seqlens(chunk_lengths: torch.Tensor, feature_lens: torch.Tensor, n_window_infer: int, n_window: int, kwargs: dict | None = None) -> torch.Tensor:
-        if kwargs is not None and kwargs.get("cu_seqlens") is not None:
-            return original(chunk_lengths, feature_lens, n_window_infer, n_window, kwargs=kwargs)
+        if kwargs is not None and (precomputed := kwargs.pop("cu_seqlens", None)) is not None:
+            return precomputed  # the key leaves kwargs either way, as in transformers (the layers take it by position)
         output_lengths = original.__globals__["_get_feat_extract_output_lengths"]
         window = output_lengths(chunk_lengths, n_window).max().item() * (n_window_infer // (n_window * 2))
         torch._check(window > 0)  # eager divides by it

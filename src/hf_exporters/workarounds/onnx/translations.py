@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import onnx_ir as ir
 from onnxscript import opset18 as op
 from onnxscript.onnx_types import INT64, TensorType
 
@@ -181,16 +182,22 @@ def _aten_remainder_symbolic_scalar(self: TensorType, other: TensorType) -> Tens
     second argument; torchlib builds a constant from it ("int() argument must be a string, a bytes-like
     object or a real number, not 'SymbolicTensor'"). Here a symbolic ``n`` is cast to ``x``'s type and
     a Python number becomes a constant. Integers: ONNX ``Mod`` with ``fmod=0`` (the sign follows the
-    divisor, as torch's remainder); floating point: ``x - floor(x / n) * n``. Output: ``x``'s shape and type.
+    divisor, as torch's remainder); floating point: as torch's kernel, ``fmod(x, n)`` plus ``n`` where that
+    is non-zero and of the other sign than ``n`` (a Python ``n`` becomes a constant of ``x``'s type). Output:
+    ``x``'s shape and type.
     Models: Qwen3ASREncoder (onnx in the sweep).
     Upstream: onnxscript torchlib ``aten_remainder_scalar`` (``ir.tensor(other)`` on a symbolic value,
         onnxscript 0.7.2; no report found)
     Remove when: torchlib accepts a symbolic scalar in ``aten::remainder.Scalar``.
     """
     if isinstance(other, (int, float)):
-        divisor = op.CastLike(op.Constant(value_float=float(other)) if isinstance(other, float) else op.Constant(value_int=other), self)
+        divisor = op.Constant(value=ir.tensor(other, dtype=self.dtype))  # in x's type, no float32 rounding
     else:
         divisor = op.CastLike(other, self)
     if self.dtype.is_integer():
         return op.Mod(self, divisor, fmod=0)
-    return op.Sub(self, op.Mul(op.Floor(op.Div(self, divisor)), divisor))
+    # torch's kernel: fmod, then plus n where the remainder is non-zero and its sign differs from n's
+    rest = op.Mod(self, divisor, fmod=1)
+    zero = op.CastLike(op.Constant(value_float=0.0), self)
+    differs = op.And(op.Not(op.Equal(rest, zero)), op.Xor(op.Less(rest, zero), op.Less(divisor, zero)))
+    return op.Where(differs, op.Add(rest, divisor), rest)
