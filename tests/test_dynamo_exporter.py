@@ -552,6 +552,8 @@ def test_audio_window_cu_seqlens_equal_transformers():
         assert torch.equal(want, got) and got.dtype == torch.int32, (mask_lengths, want, got)
     precomputed = torch.tensor([0, 3], dtype=torch.int32)
     assert patched(chunk_lengths, feature_lens, 4, 2, kwargs={"cu_seqlens": precomputed}) is precomputed
+    unset = {"cu_seqlens": None}  # the key leaves kwargs as in transformers (the layers take cu_seqlens by position)
+    assert torch.equal(patched(chunk_lengths, feature_lens, 4, 2, kwargs=unset), original(chunk_lengths, feature_lens, 4, 2)) and unset == {}
 
 
 def test_audio_encoder_windows_read_from_the_mask(tmp_path):
