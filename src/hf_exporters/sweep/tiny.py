@@ -957,7 +957,7 @@ def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> 
     if model_type in FAMILY_OVERRIDES:
         _merge(fields, FAMILY_OVERRIDES[model_type][0])
     if overrides:
-        fields.update(overrides)
+        fields.update({key: value.value if isinstance(value, Replace) else value for key, value in overrides.items()})
     for key in ("transformers_version", "architectures", "_name_or_path", "model_type", "id2label", "label2id"):
         fields.pop(key, None)
     fields["num_labels"] = 3
