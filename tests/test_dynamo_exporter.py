@@ -1,6 +1,7 @@
 """DynamoExporter on the real MiniLM and on small modules: signature restore, static-axis report,
 state cleanup, pytree round trip of caches, concurrent exports."""
 
+import re
 import threading
 
 import pytest
@@ -565,3 +566,26 @@ def test_audio_encoder_windows_read_from_the_mask(tmp_path):
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, padded], atol=1e-4)
     assert [r.ok for r in reports] == [True, True], [r.describe_failure() for r in reports if not r.ok]
     assert reports[1].leaves[0].shape[0] < reports[0].leaves[0].shape[0]  # fewer frames kept: the mask was read
+
+
+def test_bidirectional_mask_without_padding_is_skipped_as_in_eager(tmp_path):
+    """Called without a padding mask, Autoformer's encoder gets no mask in eager; under export
+    transformers builds an all-true one, and Autoformer's autocorrelation cannot add it. With the
+    skip taken while tracing too, the program is eager's, and a padding mask still reaches the rule."""
+    from transformers import masking_utils
+
+    model, inputs, exporter, program = _tiny_refused_without(
+        "AutoformerModel",
+        "_patch_skip_bidirectional_mask_without_padding",
+        re.escape("shape '[2, 2, 4, 4]' is invalid for input of size 512"),
+    )
+    (report,) = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=1e-4)
+    assert report.ok and report.max_abs_diff < 1e-5
+    from hf_exporters.registry import apply_patches
+
+    with apply_patches("dynamo"):
+        skip = masking_utils._ignore_bidirectional_mask_sdpa
+        assert skip(None, 8) is True
+        assert skip(None, 8, 4) is False  # a local window keeps its mask
+        assert skip(torch.tensor([[True, False]]), 2) is False  # padding keeps its mask
+    assert masking_utils._ignore_bidirectional_mask_sdpa.__name__ == "_ignore_bidirectional_mask_sdpa"

@@ -147,6 +147,41 @@ def test_tiny_config_replaces_a_timm_backbone_with_a_transformers_one() -> None:
     assert type(model.backbone.model).__name__ == "ResNetBackbone"
 
 
+def test_tiny_models_have_no_tied_scores_from_their_init(tmp_path: Path) -> None:
+    """AFMoE zero-initialises its router and RT-DETR draws BatchNorm scales from N(0, 0.02): the
+    router then scores every expert alike and RT-DETR's features vanish, so its encoder scores
+    every anchor alike. Top-k over ties is broken differently by each runtime. The sweep's tiny
+    models carry drawn router weights and unit BatchNorm scales instead, reproducibly, and the
+    ONNX program then matches eager in onnxruntime."""
+    from hf_exporters import OnnxExporter
+    from hf_exporters.runtime import check_parity
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model, undo_degenerate_init
+
+    afmoe = build_model("AfmoeModel")
+    gate = afmoe.layers[1].mlp.router.gate.weight
+    assert gate.any() and torch.equal(gate, build_model("AfmoeModel").layers[1].mlp.router.gate.weight)
+    assert 0.01 < float(gate.detach().std()) < 0.03  # N(0, initializer_range)
+    assert undo_degenerate_init(afmoe, 0.02) == []  # nothing left to change
+    inputs = build_inputs(afmoe)
+    exporter = OnnxExporter()
+    runner_ = exporter.load_runner(exporter.save(exporter.export(afmoe, inputs), tmp_path))
+    (parity,) = check_parity(afmoe, runner_, [inputs], atol=1e-4)
+    assert parity.ok and parity.max_abs_diff < 1e-5
+
+    detr = build_model("RTDetrModel")
+    norms = [m.weight for m in detr.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms and all(bool((w == 1).all()) for w in norms)
+    with torch.no_grad():
+        scores = detr(**build_inputs(detr)).enc_topk_logits
+    assert torch.unique(scores).numel() > scores.numel() // 2  # was one value, the bias, everywhere
+    with torch.no_grad():
+        for w in norms:
+            w.normal_(0.0, 0.02)
+        scores = detr(**build_inputs(detr)).enc_topk_logits
+    assert torch.unique(scores).numel() == 1
+
+
 def test_tiny_models_run_eager() -> None:
     from hf_exporters.sweep.inputs import build_inputs
     from hf_exporters.sweep.job import build_model

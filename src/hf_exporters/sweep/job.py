@@ -113,6 +113,42 @@ def _no_cache(config: Any) -> None:
         stack.extend(v for v in vars(current).values() if isinstance(v, PretrainedConfig))
 
 
+def undo_degenerate_init(model: Any, std: float) -> list[str]:
+    """Give ``model`` the weights a trained network could have where its family's init leaves a
+    sublayer constant or silent; returns the names of the weights changed.
+
+    - An all-zero ``nn.Linear`` weight is drawn from N(0, ``std``). Several families initialise a
+      projection to zero (MoE routers such as AFMoE's, deformable attention's sampling offsets,
+      D-FINE's gateway); every output of a zero projection has the same value, so a ``topk`` or
+      ``argmax`` over it picks among exact ties.
+    - A BatchNorm scale drawn near zero (every |gamma| < 0.5, as RT-DETR's init draws them from
+      N(0, 0.02)) is set to 1. Each such layer shrinks the activations about fifty-fold, and after a
+      few of them the features are zero to float precision: the detection heads then score every
+      anchor the same, and a tiny model whose outputs are constant passes any parity check.
+
+    Eager and each runtime break ties their own way, so without this the sweep reports numeric
+    mismatches that no trained checkpoint can show. Drawn with a fixed seed: the tiny model stays
+    reproducible.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    changed = []
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            weight = getattr(module, "weight", None)
+            if not isinstance(weight, torch.nn.Parameter) or not weight.numel():
+                continue
+            if isinstance(module, torch.nn.Linear) and not weight.any():
+                weight.copy_(torch.randn(weight.shape, generator=generator, dtype=torch.float32).to(weight.dtype) * std)
+            elif isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and bool((weight.abs() < 0.5).all()):
+                weight.fill_(1.0)
+            else:
+                continue
+            changed.append(f"{name}.weight")
+    return changed
+
+
 def build_model(class_name: str, use_cache: bool = False) -> Any:
     """The tiny model of ``class_name`` (seeded, eval mode); ``use_cache`` False unless asked (generation)."""
     import torch
@@ -128,6 +164,7 @@ def build_model(class_name: str, use_cache: bool = False) -> Any:
         config.is_decoder = True  # encoder families (BERT, RoBERTa, ...) cache and mask causally only as decoders
     torch.manual_seed(0)
     model = cls(config).eval()
+    undo_degenerate_init(model, getattr(config, "initializer_range", None) or 0.02)
     count = parameter_count(model)
     if count > MAX_PARAMETERS:
         raise ValueError(f"tiny config still has {count:,} parameters (limit {MAX_PARAMETERS:,})")

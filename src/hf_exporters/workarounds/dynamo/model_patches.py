@@ -277,6 +277,35 @@ def _patch_mask_expansion_by_broadcast(_original: Any) -> Any:
     return expand
 
 
+@register_patch("dynamo", "transformers.masking_utils._ignore_bidirectional_mask_sdpa")
+def _patch_skip_bidirectional_mask_without_padding(original: Any) -> Any:
+    """Skip a bidirectional mask when no padding mask was given, as eager does, while exporting too.
+
+    Pattern: ``create_bidirectional_mask(attention_mask=None)`` (encoders called without a padding
+    mask) returns None in eager: full attention needs no bias. Under ``torch.export``
+    transformers never skips, so the traced program builds and adds an all-true (B, 1, Q, K) mask
+    that eager never sees. That costs a mask per layer, and it breaks models whose masked branch
+    does not match their unmasked one: Autoformer's autocorrelation adds a (B, 1, T, S) mask to
+    (B·H, T, channels) weights ("shape '[2, 2, 4, 4]' is invalid for input of size 512"), and
+    Informer's ProbSparse attention checks the mask against its sampled query count ("Attention
+    mask should be of size (2, 1, 2, 2)"). Without a padding mask and without a local window the
+    skip reads no data, only that an argument is None, so the traced program may take it too. A
+    padding mask or a local window still goes to transformers' rule.
+    Models: AutoformerModel, InformerModel (dynamo and onnx in the sweep, every encoder called
+        without a padding mask).
+    Upstream: transformers masking_utils ``_ignore_bidirectional_mask_sdpa`` (refuses the skip
+        whenever ``is_torchdynamo_exporting()``, even when it would read no tensor; no report found)
+    Remove when: transformers skips the mask while exporting when ``padding_mask`` is None.
+    """
+
+    def ignore(padding_mask: Any, kv_length: Any, local_attention_size: Any = None) -> bool:
+        if padding_mask is None and local_attention_size is None:
+            return True
+        return original(padding_mask, kv_length, local_attention_size)
+
+    return ignore
+
+
 @register_patch("dynamo", "transformers.masking_utils.TransformGetItemToIndex")
 def _patch_mask_index_mode_off(_original: Any) -> Any:
     """Build the vmap-path masks without ``TransformGetItemToIndex``, a ``__torch_function__`` mode.
