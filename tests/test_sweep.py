@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,22 @@ def test_tiny_models_have_no_tied_scores_from_their_init(tmp_path: Path) -> None
             w.normal_(0.0, 0.02)
         scores = detr(**build_inputs(detr)).enc_topk_logits
     assert torch.unique(scores).numel() == 1
+
+
+def test_single_sample_families_get_batch_one_inputs() -> None:
+    """TVP views a (width, hidden) position table as (batch, 1, width, hidden): eager fails on the
+    sweep's batch of two ("shape '[2, 1, 1, 64]' is invalid for input of size 64") and runs on one."""
+    from hf_exporters.sweep import inputs as sweep_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("TvpModel")
+    inputs = sweep_inputs.build_inputs(model)
+    assert {k: v.shape[0] for k, v in inputs.items()} == dict.fromkeys(inputs, 1)
+    with torch.no_grad():
+        assert model(**inputs).last_hidden_state.shape[0] == 1
+    doubled = {k: torch.cat([v, v]) for k, v in inputs.items()}
+    with pytest.raises(RuntimeError, match=re.escape("shape '[2, 1, 1, 64]' is invalid for input of size 64")):
+        model(**doubled)
 
 
 def test_tiny_models_run_eager() -> None:

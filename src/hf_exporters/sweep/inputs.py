@@ -91,6 +91,12 @@ IMAGE_PAIRS: dict[str, str] = {
     "efficientloftr": "a detector-free matcher: its own backbone reads both images of the pair",
 }
 
+#: model_type -> why: families whose forward runs on one sample only; every batch-first input is cut to batch 1
+SINGLE_SAMPLE: dict[str, str] = {
+    "tvp": "the frame position embeddings are viewed as (batch, 1, width, hidden) from a (width, hidden) table,"
+    " which holds for batch 1 only (as TVP's processor and examples feed one video)",
+}
+
 
 def _flat_patches(config: Any, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Flattened patches and their grid for a vision tower that takes one token row per patch.
@@ -480,6 +486,7 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
       2)``: 1 at the image's latent queries after the first token (``input_ids`` and ``attention_mask`` lengthened);
     - offline-RL trajectories (``states``/``actions``, config ``state_dim``): see ``_trajectory``; ``target_sizes``:
       several images' patches packed in one row, see ``_packed_images``;
+    - families of :data:`SINGLE_SAMPLE` get every batch-first input cut to one sample;
     - config ``keypoint_detector_config`` (or a family of :data:`IMAGE_PAIRS`): ``pixel_values`` as an image pair
       ``(batch, 2, channels, height, width)``;
     - ``action_embeds`` ``(batch, chunk_size + 1, action expert hidden)``, with a one-camera prefix ``pixel_values``
@@ -706,4 +713,6 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
         raise InputError(f"the forward requires {', '.join(missing)}, which the sweep cannot build")
     if not inputs:
         raise InputError(f"no known input among the forward's parameters ({', '.join(list(names)[:8])})")
+    if getattr(config, "model_type", None) in SINGLE_SAMPLE:
+        inputs = {k: v[:1] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == BATCH else v for k, v in inputs.items()}
     return inputs
