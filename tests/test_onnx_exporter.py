@@ -22,7 +22,7 @@ import onnx_ir as ir  # noqa: E402
 
 from hf_exporters import DynamoExporter, OnnxConfig, registry  # noqa: E402
 from hf_exporters import known_issues  # noqa: E402
-from hf_exporters.errors import ExportStageError, MissingDependencyError  # noqa: E402
+from hf_exporters.errors import ExportStageError, MissingDependencyError, ParityError  # noqa: E402
 from hf_exporters.exporters import onnx as onnx_module  # noqa: E402
 from hf_exporters.exporters.onnx import OnnxExporter, newest_opset  # noqa: E402
 from hf_exporters.runtime import check_parity, resized_inputs  # noqa: E402
@@ -612,3 +612,43 @@ def test_remainder_by_a_symbolic_scalar(tmp_path: Path, dtype: torch.dtype, fixe
         other = {"x": x, "lengths": torch.tensor(lengths)}
         got = torch.as_tensor(run(other)[0])
         assert got.dtype == dtype and torch.equal(got, model(**other)), (lengths, got)
+
+
+class _SmallEpsilons(torch.nn.Module):
+    """An RMS norm with eps 1e-8 and a normalisation with eps 1e-15, beside an exact ``+ 0`` and ``* 1``."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-8)
+        shares = x.abs() / (x.abs().sum(-1, keepdim=True) + 1e-15)
+        return normed, shares, (x + 0.0) * 1.0
+
+
+def test_optimizer_keeps_small_epsilons_and_drops_exact_no_ops(tmp_path: Path) -> None:
+    """onnxscript's no-op rules match ``x + 0`` with abs_tol 1e-8, so ``+ 1e-8`` and ``+ 1e-15`` were
+    removed: an RMS norm of small activations lost its epsilon and an all-zero row divided 0 by 0.
+    With exact constants the epsilons stay, eager's numbers come back, and exact no-ops still go."""
+    x = torch.randn(2, 4, 16) * 1e-4
+    x[0, 0] = 0.0  # an all-zero row: eager gives 0 / 1e-15 = 0 and rsqrt(1e-8) * 0 = 0
+    inputs = {"x": x}
+
+    def exported(workaround: str | None) -> tuple[Any, Any]:
+        exporter = OnnxExporter()
+        if workaround is None:
+            program = exporter.export(_SmallEpsilons().eval(), inputs)
+        else:
+            with without_workarounds(workaround):
+                program = exporter.export(_SmallEpsilons().eval(), inputs)
+        directory = tmp_path / (workaround or "fixed")
+        return program, exporter.load_runner(exporter.save(program, directory))
+
+    model = _SmallEpsilons().eval()
+    _, broken = exported("_patch_no_op_rules_exact_constants")
+    with pytest.raises(ParityError, match=re.escape("0: NaN/inf where eager is finite; 1: NaN/inf where eager is finite")):
+        check_parity(model, broken, [inputs], atol=1e-4)
+
+    program, runner = exported(None)
+    (report,) = check_parity(model, runner, [inputs], atol=1e-4)
+    assert report.ok and report.max_abs_diff < 1e-5
+    ops = [node.op_type for node in program.model.graph]
+    assert ops.count("Add") == 2  # the two epsilons; the exact + 0 is gone
+    assert ops.count("Mul") == 1  # x * rsqrt(...); the exact * 1 is gone

@@ -43,7 +43,8 @@ def newest_opset() -> int:
 
 
 def _is_onnx_internal(path: str) -> bool:
-    return path.startswith("torch.onnx.")
+    """A Stage 2 hook: torch.onnx's exporter or onnxscript's optimizer."""
+    return path.startswith(("torch.onnx.", "onnxscript."))
 
 
 def _check_onnx_internals() -> None:
@@ -61,13 +62,14 @@ def _check_onnx_internals() -> None:
         if workaround.kind != "patch" or not _is_onnx_internal(workaround.target):
             continue
         owner_path, _, attribute = workaround.target.rpartition(".")
+        library = workaround.target.split(".")[0] if not workaround.target.startswith("torch.onnx.") else "torch.onnx"
         try:
             owner = registry.resolve_dotted_path(owner_path)
         except (ImportError, AttributeError) as error:
-            raise RuntimeError(f"torch.onnx internal {owner_path!r} has moved ({error}); {workaround.name} cannot hook it") from error
+            raise RuntimeError(f"{library} internal {owner_path!r} has moved ({error}); {workaround.name} cannot hook it") from error
         if not hasattr(owner, attribute):
             raise RuntimeError(
-                f"torch.onnx internal {workaround.target!r} has moved (no attribute {attribute!r}); "
+                f"{library} internal {workaround.target!r} has moved (no attribute {attribute!r}); "
                 f"{workaround.name} cannot hook it"
             )
 
@@ -78,7 +80,7 @@ class OnnxExporter(DynamoExporter):
     ``export()`` reads as five stages around ``torch.onnx.export``:
 
     1. Torch patches: ``apply_patches("onnx")`` on torch ops, active for the trace and the lowering.
-    2. ONNX patches: ``apply_patches("onnx")`` on torch.onnx internals; re-runs the FX node fixes
+    2. ONNX patches: ``apply_patches("onnx")`` on torch.onnx and onnxscript optimizer internals; re-runs the FX node fixes
        right after ``run_decompositions``.
     3. FX node fixes: ``apply_fx_node_fixes("onnx", ...)`` on the traced graph.
     4. ONNX translations: the custom translation table (aten op -> onnxscript function).

@@ -66,3 +66,60 @@ def _patch_output_node_constants(original: Callable[..., Any]) -> Callable[..., 
             node.args = args  # the program's output node keeps matching its output specs
 
     return handle_output_node
+
+
+def _exact_no_op_rules() -> list[Any]:
+    """``x + 0``, ``0 + x``, ``x - 0``, ``x * 1``, ``1 * x`` and ``x / 1`` rewritten to ``x`` only when
+    the constant is exactly 0 or 1 (one element, and no wider than ``x``, so that it broadcasts nothing)."""
+    from onnxscript.rewriter import RewriteRule
+
+    def exactly(value: float) -> Callable[..., bool]:
+        def check(context: Any, x: Any, c: Any, **_: Any) -> bool:
+            tensor = c.const_value
+            if tensor is None:
+                return False
+            array = tensor.numpy()
+            if array.size != 1 or array.reshape(-1)[0] != value:
+                return False
+            return array.ndim == 0 if x.shape is None else array.ndim <= len(x.shape)
+
+        return check
+
+    def identity(op: Any, x: Any, **_: Any) -> Any:
+        return op.Identity(x)
+
+    patterns: list[tuple[Callable[..., Any], float]] = [
+        (lambda op, x, c: op.Add(x, c), 0),
+        (lambda op, x, c: op.Add(c, x), 0),
+        (lambda op, x, c: op.Sub(x, c), 0),
+        (lambda op, x, c: op.Mul(x, c), 1),
+        (lambda op, x, c: op.Mul(c, x), 1),
+        (lambda op, x, c: op.Div(x, c), 1),
+    ]
+    return [RewriteRule(pattern, identity, exactly(value)) for pattern, value in patterns]
+
+
+@registry.register_patch("onnx", "onnxscript.rewriter._DEFAULT_REWRITE_RULES")
+def _patch_no_op_rules_exact_constants(original: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The optimizer's no-op rules (``x + 0 -> x``, ``x * 1 -> x``, ...) for exact constants only.
+
+    Pattern: ``x + eps`` with a small epsilon, as in ``rsqrt(mean(x ** 2) + 1e-8)`` or
+    ``weights / (weights.sum() + 1e-15)``. onnxscript's pattern constants match with
+    ``abs_tol=1e-8`` and ``rel_tol=1e-5``, so the ``Add`` of any epsilon of at most 1e-8 is matched
+    as ``x + 0`` and removed (likewise ``x * (1 + 1e-6)`` as ``x * 1``). The program then divides
+    by an unguarded sum or takes an RMS norm without its epsilon: MuseSpark's experts (post-expert
+    norm, eps 1e-8; router normalisation, eps 1e-15) differed from eager by 0.029 in onnxruntime,
+    and an all-zero sum gives inf or NaN where eager gives a finite value. The replacement keeps
+    every rule of the default set and swaps the six arithmetic no-op rules for versions whose
+    constant must equal 0 or 1 exactly.
+    Models: MuseSparkModel (onnx static in the sweep); every model with an epsilon of 1e-8 or less.
+    Upstream: microsoft/onnxscript onnxscript/rewriter/_pattern_ir.py (``Constant`` pattern matches
+        with abs_tol=1e-8) and rewriter/rules/common/_no_op.py (``add_0_rule`` and friends), in
+        onnxscript 0.7.2; no report found
+    Remove when: onnxscript's no-op rules compare constants exactly.
+    """
+    from onnxscript.rewriter.rules.common import _no_op
+
+    dropout = {id(_no_op.dropout_zero_rule), id(_no_op.dropout_inference_rule)}
+    inexact = {id(rule) for rule in _no_op.rules} - dropout
+    return (*_exact_no_op_rules(), *(rule for rule in original if id(rule) not in inexact))
