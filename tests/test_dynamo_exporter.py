@@ -583,9 +583,15 @@ def test_bidirectional_mask_without_padding_is_skipped_as_in_eager(tmp_path):
     assert report.ok and report.max_abs_diff < 1e-5
     from hf_exporters.registry import apply_patches
 
-    with apply_patches("dynamo"):
-        skip = masking_utils._ignore_bidirectional_mask_sdpa
-        assert skip(None, 8) is True
-        assert skip(None, 8, 4) is False  # a local window keeps its mask
-        assert skip(torch.tensor([[True, False]]), 2) is False  # padding keeps its mask
+    exporting = masking_utils.is_torchdynamo_exporting
+    masking_utils.is_torchdynamo_exporting = lambda: True  # as under torch.export
+    try:
+        assert masking_utils._ignore_bidirectional_mask_sdpa(None, 8) is False  # transformers' rule
+        with apply_patches("dynamo"):
+            skip = masking_utils._ignore_bidirectional_mask_sdpa
+            assert skip(None, 8) is True
+            assert skip(None, 8, 4) is False  # a local window keeps its mask
+            assert skip(torch.tensor([[True, False]]), 2) is False  # padding keeps its mask
+    finally:
+        masking_utils.is_torchdynamo_exporting = exporting
     assert masking_utils._ignore_bidirectional_mask_sdpa.__name__ == "_ignore_bidirectional_mask_sdpa"

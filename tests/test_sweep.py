@@ -154,6 +154,8 @@ def test_tiny_models_have_no_tied_scores_from_their_init(tmp_path: Path) -> None
     every anchor alike. Top-k over ties is broken differently by each runtime. The sweep's tiny
     models carry drawn router weights and unit BatchNorm scales instead, reproducibly, and the
     ONNX program then matches eager in onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
     from hf_exporters import OnnxExporter
     from hf_exporters.runtime import check_parity
     from hf_exporters.sweep.inputs import build_inputs
@@ -558,6 +560,8 @@ def test_a_dynamic_job_requires_batch_and_length_axes_only() -> None:
     fixed = [("pixel_values", 1, 3), ("pixel_values", 2, 32), ("input_ids", 1, 8)]
     assert _unexpected_static(fixed, {"input_ids": ids, "pixel_values": pixels}) == [("input_ids", 1, 8)]
     assert _unexpected_static([("image_grid_thw", 1, 3)], {"image_grid_thw": grid}) == []
+    one = torch.ones(1, 8, dtype=torch.long)  # one sample: torch.export specialises size 1 whatever is asked
+    assert _unexpected_static([("input_ids", 0, 1), ("input_ids", 1, 8)], {"input_ids": one}) == [("input_ids", 1, 8)]
 
 
 def test_zygotes_preload_executorch_only_for_runs_with_executorch_jobs() -> None:

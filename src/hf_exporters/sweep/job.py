@@ -262,11 +262,15 @@ def _take_second_set(model: Any, second: dict[str, Any] | None, input_sets: list
 
 
 def _unexpected_static(fixed: list[tuple[str, int, int]], inputs: dict[str, Any]) -> list[tuple[str, int, int]]:
-    """The ``(input, axis, size)`` entries of ``fixed`` on an axis :func:`expected_dynamic_axes` expects dynamic."""
+    """The ``(input, axis, size)`` entries of ``fixed`` on an axis :func:`expected_dynamic_axes` expects dynamic.
+
+    An axis of size 1 is left out: ``torch.export`` specialises sizes 0 and 1 whatever is asked (a
+    family fed one sample, :data:`~hf_exporters.sweep.inputs.SINGLE_SAMPLE`), and the upstream ONNX
+    path, which has no ExportedProgram to read, only sees axes of size >= 2 as well."""
     from ..shapes import tensor_leaves
 
     tensors = dict(tensor_leaves(inputs))
-    return [(n, a, s) for n, a, s in fixed if n not in tensors or a in expected_dynamic_axes(n, tensors[n])]
+    return [(n, a, s) for n, a, s in fixed if s >= 2 and (n not in tensors or a in expected_dynamic_axes(n, tensors[n]))]
 
 
 def _onnx_ir_resized(model: Any, inputs: dict[str, Any], grow: int = 3) -> tuple[Any, list[str]]:
