@@ -154,8 +154,8 @@ def test_tiny_models_have_no_tied_scores_from_their_init(tmp_path: Path) -> None
     every anchor alike. Top-k over ties is broken differently by each runtime. The sweep's tiny
     models carry drawn router weights and unit BatchNorm scales instead, reproducibly, and the
     ONNX program then matches eager in onnxruntime."""
-    pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime", reason="the ONNX export is checked in onnxruntime (the onnx extra)")
+    pytest.importorskip("onnxscript", reason="torch.onnx lowers with onnxscript (the onnx extra)")
     from hf_exporters import OnnxExporter
     from hf_exporters.runtime import check_parity
     from hf_exporters.sweep.inputs import build_inputs
