@@ -595,3 +595,40 @@ def test_bidirectional_mask_without_padding_is_skipped_as_in_eager(tmp_path):
     finally:
         masking_utils.is_torchdynamo_exporting = exporting
     assert masking_utils._ignore_bidirectional_mask_sdpa.__name__ == "_ignore_bidirectional_mask_sdpa"
+
+
+_LEN_PROBE = '''
+import torch
+
+
+class PoolByLen(torch.nn.Module):
+    def forward(self, x):
+        batch_size = len(x)  # as RT-DETR v2, D-FINE, MaskFormer, SeamlessM4T do
+        return x.reshape(batch_size, -1).sum(-1), len([x, x])
+'''
+
+
+def test_len_of_a_tensor_in_modeling_code_keeps_the_batch_dynamic(monkeypatch):
+    """``len(tensor)`` in a transformers modeling module specialises the batch under torch.export (CPython
+    wants a true int); the shadowing ``len`` keeps the symbol there, and nowhere else."""
+    import sys
+    import types
+
+    name = "transformers.models.hfx_len_probe.modeling_hfx_len_probe"
+    module = types.ModuleType(name)
+    exec(_LEN_PROBE, vars(module))
+    monkeypatch.setitem(sys.modules, name, module)
+    inputs = {"x": torch.randn(2, 3, 4)}
+    config = DynamoConfig(dynamic=True, dynamic_shapes={"x": {0: torch.export.Dim.AUTO}})
+    with without_workarounds("_patch_len_of_tensor_keeps_symbol"):
+        exporter = DynamoExporter()
+        exporter.export(module.PoolByLen(), inputs, config)
+        assert exporter.static_axes == [StaticAxis("x", 0, 2)]
+    exporter = DynamoExporter()
+    program = exporter.export(module.PoolByLen(), inputs, config)
+    assert exporter.static_axes == []
+    assert "len" not in vars(module)  # the shadow is gone after the export
+    bigger = {"x": torch.randn(5, 3, 4)}
+    pooled, count = program.module()(**bigger)
+    torch.testing.assert_close(pooled, bigger["x"].reshape(5, -1).sum(-1))
+    assert count == 2

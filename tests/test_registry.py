@@ -1,6 +1,7 @@
 """The registry's promises: install and restore, multi-path factories, torch-op paths, unresolved
 paths, scopes, interrupts, threads, FX node fixes over nested subgraphs, program fixes."""
 
+import re
 import threading
 import time
 import warnings
@@ -160,6 +161,38 @@ def test_register_patch_refuses_bad_paths():
         register_patch("t.bad")
     with pytest.raises(ValueError, match="'where' is not a dotted path"):
         register_patch("t.bad", "where")
+    with pytest.raises(ValueError, match=re.escape("'pkg.mod.len*' has a wildcard in its attribute; only the owner may hold one")):
+        register_patch("t.bad", "pkg.mod.len*")
+
+
+def test_wildcard_path_shadows_a_builtin_in_each_loaded_matching_module(clean_registry, monkeypatch):
+    """``pkg.*.modeling_*.len`` installs a module global ``len`` in every loaded module whose name
+    matches (``*`` within one segment), seen by that module's code only, and deletes it afterwards;
+    a module's own ``len`` is the original it is given, and restored as it was."""
+    import sys
+    import types
+
+    code = "def count(x):\n    return len(x)\n"
+    modules = {}
+    for name in ("_wild.a.modeling_a", "_wild.b.modeling_b", "_wild.a.config_a", "_wild.a.b.modeling_c"):
+        module = types.ModuleType(name)
+        exec(code, vars(module))
+        modules[name] = module
+        monkeypatch.setitem(sys.modules, name, module)
+    own = modules["_wild.b.modeling_b"]
+    own.len = lambda x: -1  # a module that defines its own len
+    seen = []
+    register_patch("t.wild", "_wild.*.modeling_*.len")(lambda orig: seen.append(orig) or (lambda x: 2 * orig(x)))
+    with apply_patches("t.wild") as installed:
+        assert installed == ["_wild.a.modeling_a.len", "_wild.b.modeling_b.len"]
+        assert modules["_wild.a.modeling_a"].count([1, 2, 3]) == 6
+        assert own.count([1, 2, 3]) == -2
+        assert modules["_wild.a.config_a"].count([1, 2, 3]) == 3  # not a modeling_* module
+        assert modules["_wild.a.b.modeling_c"].count([1, 2, 3]) == 3  # * does not cross a dot
+        assert len([1, 2, 3]) == 3  # builtins untouched
+    assert seen[0] is len and seen[1] is not len
+    assert "len" not in vars(modules["_wild.a.modeling_a"])
+    assert modules["_wild.a.modeling_a"].count([1, 2, 3]) == 3 and own.count([1]) == -1
 
 
 def test_scoped_backends(clean_registry):

@@ -29,6 +29,7 @@ hold it for a whole export, so exports in concurrent threads run their patched r
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import importlib
@@ -197,14 +198,22 @@ def register_patch(
     its own), so an export never imports the other families' modeling files. Such paths are skipped
     silently when their module is not loaded.
 
+    A module path may also name a builtin as its code sees it (``transformers.models.bert.modeling_bert.len``):
+    the replacement is then set as a module global that shadows the builtin for that module's code
+    only, and is deleted afterwards. The owner of a path may hold ``*`` wildcards
+    (``transformers.models.*.modeling_*.len``): the path then stands for every *loaded* module whose
+    name matches (``*`` matches within one dotted segment), and implies ``loaded_only``.
+
     Raises:
-        ValueError: no path given, or a path without a dot.
+        ValueError: no path given, a path without a dot, or a wildcard in the attribute.
     """
     if not dotted_paths:
         raise ValueError("register_patch needs at least one dotted path")
     for path in dotted_paths:
         if "." not in path:
             raise ValueError(f"register_patch: {path!r} is not a dotted path (owner.attribute)")
+        if "*" in path.rpartition(".")[2]:
+            raise ValueError(f"register_patch: {path!r} has a wildcard in its attribute; only the owner may hold one")
 
     def decorator(factory: Callable[..., Any]) -> Callable[..., Any]:
         for path in dotted_paths:
@@ -266,11 +275,21 @@ def _module_loaded(path: str) -> bool:
     return module in sys.modules and inspect.isclass(vars(sys.modules[module]).get(name))
 
 
+def _loaded_matches(path: str) -> list[str]:
+    """The paths a wildcard ``path`` stands for: one per loaded module whose name matches its owner."""
+    owner, _, attribute = path.rpartition(".")
+    pattern = re.compile("".join("[^.]*" if part == "*" else re.escape(part) for part in re.split(r"(\*)", owner)))
+    return [f"{name}.{attribute}" for name in sorted(sys.modules) if pattern.fullmatch(name)]
+
+
 def _install(path: str, factory: Callable[..., Any]) -> _Installed | None:
     owner_path, _, attribute = path.rpartition(".")
     try:
-        owner = resolve_dotted_path(owner_path)
-        original = getattr(owner, attribute)
+        owner = sys.modules.get(owner_path) or resolve_dotted_path(owner_path)
+        if inspect.ismodule(owner) and attribute not in vars(owner) and hasattr(builtins, attribute):
+            original = getattr(builtins, attribute)  # a builtin as this module's code sees it
+        else:
+            original = getattr(owner, attribute)
     except (ImportError, AttributeError):
         if path not in _WARNED_PATHS:
             _WARNED_PATHS.add(path)
@@ -309,6 +328,12 @@ def apply_patches(backend: str, select: Callable[[str], bool] | None = None) -> 
         try:
             for workaround in _select("patch", backend):
                 if select is not None and not select(workaround.target):
+                    continue
+                if "*" in workaround.target:
+                    for path in _loaded_matches(workaround.target):
+                        done = _install(path, workaround.func)
+                        if done is not None:
+                            installed.append(done)
                     continue
                 if workaround.loaded_only and not _module_loaded(workaround.target):
                     continue

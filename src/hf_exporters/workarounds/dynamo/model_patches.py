@@ -306,6 +306,34 @@ def _patch_skip_bidirectional_mask_without_padding(original: Any) -> Any:
     return ignore
 
 
+@register_patch("dynamo", "transformers.models.*.modeling_*.len")
+def _patch_len_of_tensor_keeps_symbol(original: Any) -> Any:
+    """``len(tensor)`` in modeling code returns the tensor's leading size as a symbol while exporting.
+
+    Pattern: ``batch_size = len(source_flatten)`` (RT-DETR v1/v2, D-FINE, DEIMv2, PP-DocLayout,
+    MaskFormer, OneFormer, SeamlessM4T, ...). CPython's ``len()`` must return a true ``int``, so on a
+    fake tensor it materialises the symbolic leading size and guards it equal to the example's: the
+    batch axis asked to be dynamic ends static ("axes asked to be dynamic ended static:
+    pixel_values[axis 0] = 2"). Shadowing ``len`` in each loaded ``transformers.models.*.modeling_*``
+    module with a function that returns ``tensor.shape[0]`` (what ``Tensor.__len__`` computes) keeps
+    the symbol; anything else, and every size that is already a plain int (eager), goes to the builtin.
+    Scoped to modeling modules rather than ``builtins.len``, so torch's own code is untouched.
+    Models: RTDetrV2Model, Deimv2Model, PPDocLayoutV3Model (dynamic batch in the sweep).
+    Upstream: pytorch/pytorch#185804 (non-strict export leaves ``builtins.len`` unpatched while it
+        overrides ``max``/``min``/``math.pow`` for fake tensors)
+    Remove when: torch's non-strict export routes ``len(tensor)`` to ``Tensor.__len__`` (#185804 released).
+    """
+
+    def len_keeping_symbol(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and obj.dim() > 0:
+            size = obj.shape[0]
+            if isinstance(size, torch.SymInt):
+                return size
+        return original(obj)
+
+    return len_keeping_symbol
+
+
 @register_patch("dynamo", "transformers.masking_utils.TransformGetItemToIndex")
 def _patch_mask_index_mode_off(_original: Any) -> Any:
     """Build the vmap-path masks without ``TransformGetItemToIndex``, a ``__torch_function__`` mode.
