@@ -632,3 +632,40 @@ def test_len_of_a_tensor_in_modeling_code_keeps_the_batch_dynamic(monkeypatch):
     pooled, count = program.module()(**bigger)
     torch.testing.assert_close(pooled, bigger["x"].reshape(5, -1).sum(-1))
     assert count == 2
+
+
+class _BroadcastsAConfigSizedMask(torch.nn.Module):
+    """SegGPT's pattern: a mask sized by the config (4 patches) reshaped to the input's patch grid, its
+    leading 1 broadcast over the batch."""
+
+    def forward(self, x):
+        _, height, width = x.shape
+        mask = torch.ones(4).reshape(-1, height, width)
+        return x * (1 - mask) + mask
+
+
+class _BranchesOnData(torch.nn.Module):
+    def forward(self, x):
+        return x + 1 if x.sum() > 0 else x - 1
+
+
+def test_trace_failing_under_size_oblivious_reasoning_is_retried_with_plain_reasoning(monkeypatch):
+    """Size-oblivious reasoning assumes the mask's computed leading size is never 1 and fails the
+    broadcast; the retry guards it and the batch stays dynamic. A data-dependent guard is traced once."""
+    from hf_exporters.shapes import size_oblivious_sizes
+
+    model, inputs = _BroadcastsAConfigSizedMask(), {"x": torch.randn(2, 2, 2)}
+    with size_oblivious_sizes(), pytest.raises(RuntimeError, match=re.escape("must match the size of tensor b ((4//(")):
+        torch.export.export(model, (), inputs, dynamic_shapes={"x": {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO}}, strict=False)
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    assert exporter.static_axes == []
+    bigger = torch.randn(5, 2, 2)
+    torch.testing.assert_close(program.module()(x=bigger), model(bigger))
+
+    calls = []
+    export = torch.export.export
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: calls.append(1) or export(*a, **k))
+    with pytest.raises(ExportStageError, match="Could not guard on data-dependent expression"):
+        DynamoExporter().export(_BranchesOnData(), {"x": torch.randn(2, 3)}, DynamoConfig(dynamic=True))
+    assert len(calls) == 1

@@ -18,6 +18,7 @@ from ..runtime.torch_runner import ExportedProgramRunner
 from ..shapes import StaticAxis, auto_dynamic_shapes, size_oblivious_sizes, static_axes
 from ._common import (
     clone_inputs,
+    first_line,
     cleared_model_state,
     flat_forward_signature,
     normalize_inputs,
@@ -142,7 +143,7 @@ class DynamoExporter:
         export time. Dynamic axes stay dynamic. Raises ExportStageError ("AOTInductor compile").
         """
         from ..errors import ExportStageError
-        from ._common import blamed_line, first_line
+        from ._common import blamed_line
 
         target = Path(path)
         if program.example_inputs is None:
@@ -156,7 +157,12 @@ class DynamoExporter:
     def _trace(self, model: torch.nn.Module, inputs: Mapping[str, Any], dynamic_shapes: Any, config: DynamoConfig) -> torch.export.ExportedProgram:
         """``torch.export.export`` of ``model(**inputs)``; with dynamic shapes, under size-oblivious reasoning
         (:func:`~hf_exporters.shapes.size_oblivious_sizes`), so an example size of 0 or 1 does not pin
-        its axis. Guards torch's constraint solver cannot solve are left to
+        its axis. Size-oblivious reasoning also assumes a computed size is never 1, so a model that
+        broadcasts a size the config fixes (SegGPT reshapes its config-sized patch mask to
+        ``(-1, patch_height, patch_width, 1)`` and broadcasts the leading 1 over the batch) fails the
+        broadcast check; such a trace is tried once more with plain reasoning, which guards the sizes
+        instead (the axes it pins are reported in :attr:`static_axes`). A data-dependent guard is not
+        retried. Guards torch's constraint solver cannot solve are left to
         ``_patch_dim_constraints_skip_unsolvable`` (a workaround of the registry).
 
         Raises:
@@ -175,8 +181,22 @@ class DynamoExporter:
 
         if dynamic_shapes is None:
             return trace()
-        with size_oblivious_sizes():
-            return trace()
+        try:
+            with size_oblivious_sizes():
+                return trace()
+        except Exception as oblivious_error:
+            if "DataDependent" in type(oblivious_error).__name__:
+                raise  # a guard on data, not on sizes: tracing again cannot help
+            try:
+                program = trace()
+            except Exception:
+                raise oblivious_error from None
+            logger.info(
+                "%s: traced with plain size reasoning after size-oblivious reasoning failed (%s)",
+                type(model).__name__,
+                first_line(oblivious_error),
+            )
+            return program
 
     def export(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: DynamoConfig | None = None) -> torch.export.ExportedProgram:
         """Trace ``model`` called as ``model(**inputs)``.
