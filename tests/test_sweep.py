@@ -149,9 +149,9 @@ def test_tiny_config_replaces_a_timm_backbone_with_a_transformers_one() -> None:
 
 
 def test_tiny_models_have_no_tied_scores_from_their_init(tmp_path: Path) -> None:
-    """AFMoE zero-initialises its router and RT-DETR draws BatchNorm scales from N(0, 0.02): the
-    router then scores every expert alike and RT-DETR's features vanish, so its encoder scores
-    every anchor alike. Top-k over ties is broken differently by each runtime. The sweep's tiny
+    """AFMoE zero-initialises its router, RT-DETR draws BatchNorm scales and D-FINE its HGNetV2
+    convolutions from N(0, 0.02): the router then scores every expert alike and the detectors'
+    features vanish, so their encoders score every anchor alike. Top-k over ties is broken differently by each runtime. The sweep's tiny
     models carry drawn router weights and unit BatchNorm scales instead, reproducibly, and the
     ONNX program then matches eager in onnxruntime."""
     pytest.importorskip("onnxruntime", reason="the ONNX export is checked in onnxruntime (the onnx extra)")
@@ -159,7 +159,7 @@ def test_tiny_models_have_no_tied_scores_from_their_init(tmp_path: Path) -> None
     from hf_exporters import OnnxExporter
     from hf_exporters.runtime import check_parity
     from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model, undo_degenerate_init
+    from hf_exporters.sweep.job import VANISHING_CONVOLUTIONS, build_model, undo_degenerate_init
 
     afmoe = build_model("AfmoeModel")
     gate = afmoe.layers[1].mlp.router.gate.weight
@@ -183,6 +183,22 @@ def test_tiny_models_have_no_tied_scores_from_their_init(tmp_path: Path) -> None
             w.normal_(0.0, 0.02)
         scores = detr(**build_inputs(detr)).enc_topk_logits
     assert torch.unique(scores).numel() == 1
+
+    # D-FINE's HGNetV2 convolutions, drawn from N(0, 0.02), vanish the signal the same way
+    dfine = build_model("DFineModel")
+    convs = [m.weight for m in dfine.modules() if isinstance(m, torch.nn.Conv2d) and m.weight.numel() > 1]
+    assert min(float(w.std()) * w[0].numel() ** 0.5 for w in convs) > 0.3  # gain about one
+    inputs = build_inputs(dfine)
+    with torch.no_grad():
+        scores = dfine(**inputs).enc_topk_logits
+    assert torch.unique(scores).numel() == scores.numel()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for w in convs:
+            w.copy_(torch.randn(w.shape, generator=generator) * 0.02)
+        scores = dfine(**inputs).enc_topk_logits
+    assert torch.unique(scores).numel() == 1
+    assert "d_fine" in VANISHING_CONVOLUTIONS and "rt_detr" not in VANISHING_CONVOLUTIONS
 
 
 def test_single_sample_families_get_batch_one_inputs() -> None:

@@ -113,6 +113,15 @@ def _no_cache(config: Any) -> None:
         stack.extend(v for v in vars(current).values() if isinstance(v, PretrainedConfig))
 
 
+VANISHING_CONVOLUTIONS: dict[str, str] = {
+    family: "its HGNetV2 backbone draws every convolution from N(0, 0.02) and its BatchNorms keep untrained"
+    " statistics (identity in eval mode), so each conv divides the signal about fourfold; the tiny encoder's"
+    " features reach zero and the top-k query selection picks among exact ties, which eager and"
+    " onnxruntime break differently"
+    for family in ("d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3", "pp_doclayout_v4")
+}
+
+
 def undo_degenerate_init(model: Any, std: float) -> list[str]:
     """Give ``model`` the weights a trained network could have where its family's init leaves a
     sublayer constant or silent; returns the names of the weights changed.
@@ -126,13 +135,21 @@ def undo_degenerate_init(model: Any, std: float) -> list[str]:
       few of them the features are zero to float precision: the detection heads then score every
       anchor the same, and a tiny model whose outputs are constant passes any parity check.
 
+    - In the families of :data:`VANISHING_CONVOLUTIONS` (keyed by ``config.model_type``), a convolution
+      whose gain ``std(weight) * sqrt(fan_in)`` is below 0.3 is drawn from N(0, 1 / fan_in), a gain of
+      one. Only these families: elsewhere such a convolution is followed by a normalisation that
+      restores the scale, and re-drawing it would change a tiny model for nothing.
+
     Eager and each runtime break ties their own way, so without this the sweep reports numeric
     mismatches that no trained checkpoint can show. Drawn with a fixed seed: the tiny model stays
     reproducible.
     """
+    import math
+
     import torch
 
     generator = torch.Generator().manual_seed(0)
+    redraw_convolutions = getattr(getattr(model, "config", None), "model_type", None) in VANISHING_CONVOLUTIONS
     changed = []
     with torch.no_grad():
         for name, module in model.named_modules():
@@ -143,6 +160,11 @@ def undo_degenerate_init(model: Any, std: float) -> list[str]:
                 weight.copy_(torch.randn(weight.shape, generator=generator, dtype=torch.float32).to(weight.dtype) * std)
             elif isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and bool((weight.abs() < 0.5).all()):
                 weight.fill_(1.0)
+            elif redraw_convolutions and isinstance(module, torch.nn.modules.conv._ConvNd) and weight.numel() > 1:
+                fan_in = weight[0].numel()
+                if weight.float().std().item() * math.sqrt(fan_in) >= 0.3:
+                    continue
+                weight.copy_(torch.randn(weight.shape, generator=generator, dtype=torch.float32).to(weight.dtype) / math.sqrt(fan_in))
             else:
                 continue
             changed.append(f"{name}.weight")
