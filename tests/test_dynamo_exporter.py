@@ -644,6 +644,11 @@ class _BroadcastsAConfigSizedMask(torch.nn.Module):
         return x * (1 - mask) + mask
 
 
+class _ViewsAsFive(torch.nn.Module):
+    def forward(self, x):
+        return x.reshape(-1, 5)
+
+
 class _BranchesOnData(torch.nn.Module):
     def forward(self, x):
         return x + 1 if x.sum() > 0 else x - 1
@@ -663,9 +668,46 @@ def test_trace_failing_under_size_oblivious_reasoning_is_retried_with_plain_reas
     bigger = torch.randn(5, 2, 2)
     torch.testing.assert_close(program.module()(x=bigger), model(bigger))
 
+    assert exporter.size_oblivious is False  # a lowering re-traces with plain reasoning too
+
     calls = []
     export = torch.export.export
     monkeypatch.setattr(torch.export, "export", lambda *a, **k: calls.append(1) or export(*a, **k))
     with pytest.raises(ExportStageError, match="Could not guard on data-dependent expression"):
         DynamoExporter().export(_BranchesOnData(), {"x": torch.randn(2, 3)}, DynamoConfig(dynamic=True))
     assert len(calls) == 1
+    with pytest.raises(ExportStageError, match=re.escape("RuntimeError: shape '[-1, 5]' is invalid for input of size s")) as caught:
+        DynamoExporter().export(_ViewsAsFive(), {"x": torch.randn(2, 3)}, DynamoConfig(dynamic=True))
+    assert len(calls) == 3  # traced twice: it fails with plain reasoning too, and the first error is kept
+    (note,) = caught.value.__cause__.__notes__
+    assert note.startswith("traced again with plain size reasoning, it failed too: RuntimeError: shape '[-1, 5]' is invalid")
+
+
+def test_encodec_conv_padding_from_ints(tmp_path):
+    """EncodecConv1d keeps its geometry in int64 buffers and reads its paddings back from tensors: the
+    reflect-pad branch then guards on unbacked symbols. Computed from the convolution's own ints, the
+    padding is eager's for every length, causal or not, reflect or zero, and the model exports."""
+    from transformers.models.encodec import modeling_encodec
+
+    from hf_exporters.registry import apply_patches
+
+    model, inputs, exporter, program = _tiny_refused_without(
+        "EncodecModel", "_patch_encodec_conv_padding_from_ints", "Could not guard on data-dependent expression"
+    )
+    (report,) = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=1e-4)
+    assert report.ok and report.max_abs_diff < 1e-5
+    convs = [m for m in model.modules() if isinstance(m, modeling_encodec.EncodecConv1d)]
+    geometries = {(c.conv.kernel_size[0], c.conv.stride[0]) for c in convs}
+    assert len(geometries) >= 4  # strided and unstrided kernels
+    checked = 0
+    for conv in convs[:8]:
+        for causal in (True, False):
+            for mode in ("reflect", "constant"):
+                conv.causal, conv.pad_mode = causal, mode
+                for length in (1, 2, 5, 13, 64):
+                    x = torch.randn(2, conv.conv.in_channels, length)
+                    expected = conv(x)
+                    with apply_patches("dynamo"):
+                        torch.testing.assert_close(conv(x), expected, rtol=0, atol=0)
+                    checked += 1
+    assert checked == 160

@@ -152,7 +152,7 @@ def test_tiny_models_have_no_tied_scores_from_their_init(tmp_path: Path) -> None
     """AFMoE zero-initialises its router, RT-DETR draws BatchNorm scales and D-FINE its HGNetV2
     convolutions from N(0, 0.02): the router then scores every expert alike and the detectors'
     features vanish, so their encoders score every anchor alike. Top-k over ties is broken differently by each runtime. The sweep's tiny
-    models carry drawn router weights and unit BatchNorm scales instead, reproducibly, and the
+    models carry drawn router weights, unit BatchNorm scales and unit-gain convolutions instead, reproducibly, and the
     ONNX program then matches eager in onnxruntime."""
     pytest.importorskip("onnxruntime", reason="the ONNX export is checked in onnxruntime (the onnx extra)")
     pytest.importorskip("onnxscript", reason="torch.onnx lowers with onnxscript (the onnx extra)")

@@ -201,8 +201,11 @@ def register_patch(
     A module path may also name a builtin as its code sees it (``transformers.models.bert.modeling_bert.len``):
     the replacement is then set as a module global that shadows the builtin for that module's code
     only, and is deleted afterwards. The owner of a path may hold ``*`` wildcards
-    (``transformers.models.*.modeling_*.len``): the path then stands for every *loaded* module whose
-    name matches (``*`` matches within one dotted segment), and implies ``loaded_only``.
+    (``transformers.models.*.modeling_*.len``): the path then stands for every module already
+    loaded when :func:`apply_patches` starts whose name matches (``*`` matches within one dotted
+    segment, so ``models.*.modeling_*`` does not reach ``models.deprecated.x.modeling_x``), and
+    implies ``loaded_only``. A wildcard owner names modules only, never a class: a module without
+    the attribute is passed over silently.
 
     Raises:
         ValueError: no path given, a path without a dot, or a wildcard in the attribute.
@@ -217,7 +220,7 @@ def register_patch(
 
     def decorator(factory: Callable[..., Any]) -> Callable[..., Any]:
         for path in dotted_paths:
-            _REGISTRY.append(Workaround("patch", backend, path, factory, loaded_only))
+            _REGISTRY.append(Workaround("patch", backend, path, factory, loaded_only or "*" in path))
         return factory
 
     return decorator
@@ -286,10 +289,12 @@ def _install(path: str, factory: Callable[..., Any]) -> _Installed | None:
     owner_path, _, attribute = path.rpartition(".")
     try:
         owner = sys.modules.get(owner_path) or resolve_dotted_path(owner_path)
-        if inspect.ismodule(owner) and attribute not in vars(owner) and hasattr(builtins, attribute):
-            original = getattr(builtins, attribute)  # a builtin as this module's code sees it
-        else:
+        try:
             original = getattr(owner, attribute)
+        except AttributeError:
+            if not (inspect.ismodule(owner) and hasattr(builtins, attribute)):
+                raise
+            original = getattr(builtins, attribute)  # a builtin as this module's code sees it
     except (ImportError, AttributeError):
         if path not in _WARNED_PATHS:
             _WARNED_PATHS.add(path)
@@ -330,7 +335,11 @@ def apply_patches(backend: str, select: Callable[[str], bool] | None = None) -> 
                 if select is not None and not select(workaround.target):
                     continue
                 if "*" in workaround.target:
+                    attribute = workaround.target.rpartition(".")[2]
                     for path in _loaded_matches(workaround.target):
+                        module = sys.modules.get(path.rpartition(".")[0])
+                        if not inspect.ismodule(module) or not (hasattr(module, attribute) or hasattr(builtins, attribute)):
+                            continue  # a placeholder entry, or a module without the attribute: nothing to patch
                         done = _install(path, workaround.func)
                         if done is not None:
                             installed.append(done)

@@ -17,9 +17,9 @@ from ..pytree import materialize_caches, register_model_pytrees
 from ..runtime.torch_runner import ExportedProgramRunner
 from ..shapes import StaticAxis, auto_dynamic_shapes, size_oblivious_sizes, static_axes
 from ._common import (
+    cleared_model_state,
     clone_inputs,
     first_line,
-    cleared_model_state,
     flat_forward_signature,
     normalize_inputs,
     stage,
@@ -67,6 +67,19 @@ def load_exported_program(path: str | os.PathLike[str], model_class: str | None 
 AOTI_SUFFIX = ".aoti.pt2"
 
 
+def _is_data_dependent(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from, is a guard on data (``GuardOnDataDependentSymNode``)."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    seen = 0
+    while error is not None and seen < 50:
+        if isinstance(error, GuardOnDataDependentSymNode) or "data-dependent expression" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return False
+
+
 class DynamoExporter:
     """Export a model with ``torch.export`` and the project's workarounds.
 
@@ -96,6 +109,8 @@ class DynamoExporter:
     def __init__(self) -> None:
         self.static_axes: list[StaticAxis] = []
         self.dynamic_shapes: Any = None
+        #: whether the last dynamic trace ran under size-oblivious reasoning (False after the plain retry)
+        self.size_oblivious = False
         #: the ExportedProgram of the last export (the traced graph every backend starts from)
         self.exported_program: torch.export.ExportedProgram | None = None
 
@@ -161,8 +176,9 @@ class DynamoExporter:
         broadcasts a size the config fixes (SegGPT reshapes its config-sized patch mask to
         ``(-1, patch_height, patch_width, 1)`` and broadcasts the leading 1 over the batch) fails the
         broadcast check; such a trace is tried once more with plain reasoning, which guards the sizes
-        instead (the axes it pins are reported in :attr:`static_axes`). A data-dependent guard is not
-        retried. Guards torch's constraint solver cannot solve are left to
+        instead (the axes it pins are reported in :attr:`static_axes`, and :attr:`size_oblivious` is
+        False so that a later lowering re-traces the same way). A data-dependent guard is not
+        retried; when the retry fails too, the first error is raised with a note naming the second. Guards torch's constraint solver cannot solve are left to
         ``_patch_dim_constraints_skip_unsolvable`` (a workaround of the registry).
 
         Raises:
@@ -179,18 +195,25 @@ class DynamoExporter:
                 prefer_deferred_runtime_asserts_over_guards=config.prefer_deferred_runtime_asserts_over_guards,
             )
 
+        self.size_oblivious = dynamic_shapes is not None
         if dynamic_shapes is None:
             return trace()
         try:
             with size_oblivious_sizes():
                 return trace()
         except Exception as oblivious_error:
-            if "DataDependent" in type(oblivious_error).__name__:
+            if _is_data_dependent(oblivious_error):
                 raise  # a guard on data, not on sizes: tracing again cannot help
+            retry_error = None
             try:
-                program = trace()
-            except Exception:
-                raise oblivious_error from None
+                with cleared_model_state(model):  # nothing the failed trace cached reaches the retry
+                    program = trace()
+            except Exception as error:
+                retry_error = first_line(error)
+            if retry_error is not None:
+                oblivious_error.add_note(f"traced again with plain size reasoning, it failed too: {retry_error}")
+                raise
+            self.size_oblivious = False
             logger.info(
                 "%s: traced with plain size reasoning after size-oblivious reasoning failed (%s)",
                 type(model).__name__,

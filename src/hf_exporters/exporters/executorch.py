@@ -114,9 +114,10 @@ class ExecutorchExporter(DynamoExporter):
             with stage(self.name, "Stage 5: FX node fixes"):
                 registry.apply_fx_node_fixes(scope, exported.graph_module)
 
-            if self.dynamic_shapes is not None:
+            if self.dynamic_shapes is not None and self.size_oblivious:
                 # The lowering re-traces the program (run_decompositions); sizes traced from an
-                # example of 0 or 1 must stay symbolic there too, as in the trace.
+                # example of 0 or 1 must stay symbolic there too, as in the trace (and plain when
+                # the trace fell back to plain reasoning).
                 stack.enter_context(size_oblivious_sizes())
             with stage(self.name, "lowering (to_edge_transform_and_lower)"):
                 edge = exir.to_edge_transform_and_lower(

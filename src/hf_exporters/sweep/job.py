@@ -136,8 +136,8 @@ def undo_degenerate_init(model: Any, std: float) -> list[str]:
       anchor the same, and a tiny model whose outputs are constant passes any parity check.
 
     - In the families of :data:`VANISHING_CONVOLUTIONS` (keyed by ``config.model_type``), a convolution
-      whose gain ``std(weight) * sqrt(fan_in)`` is below 0.3 is drawn from N(0, 1 / fan_in), a gain of
-      one. Only these families: elsewhere such a convolution is followed by a normalisation that
+      (not transposed) whose gain ``std(weight) * sqrt(fan_in)`` is below 0.3 is drawn from N(0, 1 / fan_in),
+      a gain of one: every such convolution of the model, backbone or head, a zero-initialised one too. Only these families: elsewhere such a convolution is followed by a normalisation that
       restores the scale, and re-drawing it would change a tiny model for nothing.
 
     Eager and each runtime break ties their own way, so without this the sweep reports numeric
@@ -160,7 +160,7 @@ def undo_degenerate_init(model: Any, std: float) -> list[str]:
                 weight.copy_(torch.randn(weight.shape, generator=generator, dtype=torch.float32).to(weight.dtype) * std)
             elif isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and bool((weight.abs() < 0.5).all()):
                 weight.fill_(1.0)
-            elif redraw_convolutions and isinstance(module, torch.nn.modules.conv._ConvNd) and weight.numel() > 1:
+            elif redraw_convolutions and isinstance(module, torch.nn.modules.conv._ConvNd) and not module.transposed and weight.numel() > 1:
                 fan_in = weight[0].numel()
                 if weight.float().std().item() * math.sqrt(fan_in) >= 0.3:
                     continue

@@ -318,6 +318,9 @@ def _patch_len_of_tensor_keeps_symbol(original: Any) -> Any:
     module with a function that returns ``tensor.shape[0]`` (what ``Tensor.__len__`` computes) keeps
     the symbol; anything else, and every size that is already a plain int (eager), goes to the builtin.
     Scoped to modeling modules rather than ``builtins.len``, so torch's own code is untouched.
+    Limit: while exporting, a dynamic leading size is then a ``SymInt``, not an ``int``: code that
+    uses ``len(tensor)`` as a dict key or set member, or checks ``isinstance(n, int)``, sees the
+    difference (none is known in transformers; ``[0] * n`` and ``range(n)`` still specialise as before).
     Models: RTDetrV2Model, Deimv2Model, PPDocLayoutV3Model (dynamic batch in the sweep).
     Upstream: pytorch/pytorch#185804 (non-strict export leaves ``builtins.len`` unpatched while it
         overrides ``max``/``min``/``math.pow`` for fake tensors)
@@ -994,3 +997,44 @@ def _patch_udop_combine_without_ragged_rows(original: Any) -> Any:
         return inputs_embeds, bbox, attention_mask
 
     return combine_image_text_embeddings
+
+
+@register_patch("dynamo", "transformers.models.encodec.modeling_encodec.EncodecConv1d.forward", loaded_only=True)
+def _patch_encodec_conv_padding_from_ints(_original: Any) -> Any:
+    """EncodecConv1d's padding computed in Python integers from its convolution's own geometry.
+
+    Pattern: the layer keeps its stride, effective kernel size and total padding as 0-d int64
+    buffers and computes the frame count with ``torch.ceil`` on tensors, so every padding passed to
+    ``F.pad`` and compared with the length is a tensor read back with ``.item()``. Under
+    ``torch.export`` buffers are fake, the reads become unbacked symbols and the reflect-pad branch
+    ``if length <= max_pad`` fails ("Could not guard on data-dependent expression Eq(u0, 1)"). The
+    same numbers follow from ``self.conv.kernel_size``, ``stride`` and ``dilation`` (plain ints, the
+    values the buffers were built from): with them the paddings are ints or sizes of the input, and
+    the program pads exactly as eager.
+    Models: EncodecModel (static and dynamic in the sweep).
+    Upstream: transformers models/encodec/modeling_encodec.py (``EncodecConv1d`` buffers
+        ``stride``/``kernel_size``/``padding_total``); pytorch/pytorch#125180 (data-dependent
+        control flow under export)
+    Remove when: EncodecConv1d keeps its geometry as Python ints.
+    """
+
+    def forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+        # hidden_states (batch, channels, length) -> (batch, out_channels, frames)
+        stride = self.conv.stride[0]
+        kernel = (self.conv.kernel_size[0] - 1) * self.conv.dilation[0] + 1
+        padding_total = kernel - stride
+        length = hidden_states.shape[-1]
+        frames = -((kernel - padding_total - length) // stride)  # ceil((length - kernel + padding_total) / stride)
+        extra_padding = frames * stride + kernel - padding_total - length
+        if self.causal:
+            left, right = padding_total, extra_padding
+        else:
+            right = padding_total // 2
+            left, right = padding_total - right, right + extra_padding
+        hidden_states = self._pad1d(hidden_states, (left, right), mode=self.pad_mode)
+        hidden_states = self.conv(hidden_states)
+        if self.norm_type == "time_group_norm":
+            hidden_states = self.norm(hidden_states)
+        return hidden_states
+
+    return forward
