@@ -711,3 +711,20 @@ def test_encodec_conv_padding_from_ints(tmp_path):
                         torch.testing.assert_close(conv(x), expected, rtol=0, atol=0)
                     checked += 1
     assert checked == 160
+
+    from transformers.models.mimi import modeling_mimi
+
+    from hf_exporters.sweep.job import build_model
+
+    mimi = [m for m in build_model("MimiModel").modules() if isinstance(m, modeling_mimi.MimiConv1d)]
+    for conv in mimi[:6]:
+        for causal in (True, False):
+            conv.causal = causal
+            for length in (1, 3, 16, 33):
+                x = torch.randn(2, conv.conv.in_channels, length)
+                expected = conv(x)
+                with apply_patches("dynamo"):
+                    torch.testing.assert_close(conv(x), expected, rtol=0, atol=0)
+                    if not causal:
+                        with pytest.raises(ValueError, match="`padding_cache` is not supported for non-causal convolutions."):
+                            conv(x, padding_cache=object())

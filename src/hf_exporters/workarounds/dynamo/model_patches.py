@@ -999,6 +999,24 @@ def _patch_udop_combine_without_ragged_rows(original: Any) -> Any:
     return combine_image_text_embeddings
 
 
+def _conv1d_paddings(layer: Any, length: Any) -> tuple[Any, Any]:
+    """(left, right) padding of an Encodec-style padded Conv1d for an input of ``length`` samples, in
+    Python integers (or the input's symbolic size) from ``layer.conv``'s kernel, stride and dilation:
+    the frame count is ``ceil((length - kernel + total) / stride)``, the right side pads the input up
+    to the last full frame; causal layers put the whole ``kernel - stride`` on the left, the others
+    split it, the odd sample going left."""
+    conv = layer.conv
+    stride = conv.stride[0]
+    kernel = (conv.kernel_size[0] - 1) * conv.dilation[0] + 1
+    total = kernel - stride
+    frames = -((kernel - total - length) // stride)
+    extra = frames * stride + kernel - total - length
+    if layer.causal:
+        return total, extra
+    right = total // 2
+    return total - right, right + extra
+
+
 @register_patch("dynamo", "transformers.models.encodec.modeling_encodec.EncodecConv1d.forward", loaded_only=True)
 def _patch_encodec_conv_padding_from_ints(_original: Any) -> Any:
     """EncodecConv1d's padding computed in Python integers from its convolution's own geometry.
@@ -1009,9 +1027,9 @@ def _patch_encodec_conv_padding_from_ints(_original: Any) -> Any:
     ``torch.export`` buffers are fake, the reads become unbacked symbols and the reflect-pad branch
     ``if length <= max_pad`` fails ("Could not guard on data-dependent expression Eq(u0, 1)"). The
     same numbers follow from ``self.conv.kernel_size``, ``stride`` and ``dilation`` (plain ints, the
-    values the buffers were built from): with them the paddings are ints or sizes of the input, and
-    the program pads exactly as eager.
-    Models: EncodecModel (static and dynamic in the sweep).
+    values the buffers were built from), see ``_conv1d_paddings``: the paddings are then ints or
+    sizes of the input, and the program pads exactly as eager.
+    Models: EncodecModel (static and dynamic in the sweep; also the codec of MusicGen and Bark).
     Upstream: transformers models/encodec/modeling_encodec.py (``EncodecConv1d`` buffers
         ``stride``/``kernel_size``/``padding_total``); pytorch/pytorch#125180 (data-dependent
         control flow under export)
@@ -1020,21 +1038,41 @@ def _patch_encodec_conv_padding_from_ints(_original: Any) -> Any:
 
     def forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
         # hidden_states (batch, channels, length) -> (batch, out_channels, frames)
-        stride = self.conv.stride[0]
-        kernel = (self.conv.kernel_size[0] - 1) * self.conv.dilation[0] + 1
-        padding_total = kernel - stride
-        length = hidden_states.shape[-1]
-        frames = -((kernel - padding_total - length) // stride)  # ceil((length - kernel + padding_total) / stride)
-        extra_padding = frames * stride + kernel - padding_total - length
-        if self.causal:
-            left, right = padding_total, extra_padding
-        else:
-            right = padding_total // 2
-            left, right = padding_total - right, right + extra_padding
-        hidden_states = self._pad1d(hidden_states, (left, right), mode=self.pad_mode)
+        hidden_states = self._pad1d(hidden_states, _conv1d_paddings(self, hidden_states.shape[-1]), mode=self.pad_mode)
         hidden_states = self.conv(hidden_states)
         if self.norm_type == "time_group_norm":
             hidden_states = self.norm(hidden_states)
         return hidden_states
+
+    return forward
+
+
+@register_patch(
+    "dynamo",
+    "transformers.models.mimi.modeling_mimi.MimiConv1d.forward",
+    "transformers.models.pocket_tts_audio_tokenizer.modeling_pocket_tts_audio_tokenizer.PocketTTSAudioTokenizerConv1d.forward",
+    loaded_only=True,
+)
+def _patch_streaming_conv_padding_from_ints(_original: Any) -> Any:
+    """Mimi's (and PocketTTS's copy of it) padded Conv1d, its padding computed in Python integers.
+
+    Pattern: as ``_patch_encodec_conv_padding_from_ints`` (int64 geometry buffers read back as
+    unbacked symbols under export; "Could not guard on data-dependent expression").
+    A streaming call (``padding_cache`` given, causal layers) prepends the cached samples as before.
+    Models: MimiModel, MimiEncoderModel, PocketTTSAudioTokenizerModel (static and dynamic in the sweep).
+    Upstream: transformers models/mimi/modeling_mimi.py (``MimiConv1d`` buffers
+        ``stride``/``kernel_size``/``padding_total``); pytorch/pytorch#125180
+    Remove when: MimiConv1d keeps its geometry as Python ints.
+    """
+
+    def forward(self: Any, hidden_states: torch.Tensor, padding_cache: Any = None) -> torch.Tensor:
+        # hidden_states (batch, channels, length) -> (batch, out_channels, frames)
+        if not self.causal and padding_cache is not None:
+            raise ValueError("`padding_cache` is not supported for non-causal convolutions.")
+        if padding_cache is not None:
+            hidden_states = torch.cat([padding_cache.update(hidden_states, self.layer_idx), hidden_states], dim=2)
+        else:
+            hidden_states = self._pad1d(hidden_states, _conv1d_paddings(self, hidden_states.shape[-1]), mode=self.pad_mode)
+        return self.conv(hidden_states)
 
     return forward
