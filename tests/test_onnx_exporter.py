@@ -652,3 +652,35 @@ def test_optimizer_keeps_small_epsilons_and_drops_exact_no_ops(tmp_path: Path) -
     ops = [node.op_type for node in program.model.graph]
     assert ops.count("Add") == 2  # the two epsilons; the exact + 0 is gone
     assert ops.count("Mul") == 1  # x * rsqrt(...); the exact * 1 is gone
+
+
+class _MimiConvStack(torch.nn.Module):
+    """Two of Mimi's padded Conv1d layers (strided, causal, then not) as the sweep's tiny Mimi has them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import MimiConfig
+        from transformers.models.mimi.modeling_mimi import MimiConv1d
+
+        config = MimiConfig(use_causal_conv=True)
+        self.strided = MimiConv1d(config, 4, 8, kernel_size=8, stride=4)
+        self.plain = MimiConv1d(config, 8, 8, kernel_size=3)
+        self.plain.causal = False
+
+    def forward(self, audio: torch.Tensor) -> torch.Tensor:
+        return self.plain(self.strided(audio))
+
+
+def test_int_conv_padding_gives_the_frame_count_of_every_length(tmp_path: Path) -> None:
+    """The patched Mimi padding divides sizes with a non-negative numerator: an ONNX program
+    truncates integer division, and a negative floor division there gave one frame where eager
+    gives two. Exported for one length, the program matches eager on others, frame count included."""
+    torch.manual_seed(0)
+    model = _MimiConvStack().eval()
+    inputs = {"audio": torch.randn(2, 4, 24)}
+    exporter = OnnxExporter()
+    runner_ = exporter.load_runner(exporter.save(exporter.export(model, inputs, OnnxConfig(dynamic=True)), tmp_path))
+    others = [{"audio": torch.randn(3, 4, n)} for n in (5, 8, 37)]
+    reports = check_parity(model, runner_, [inputs, *others], atol=1e-5)
+    assert [r.ok for r in reports] == [True] * 4
+    assert [model(**x).shape[-1] for x in others] == [2, 2, 10]

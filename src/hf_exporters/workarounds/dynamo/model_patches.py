@@ -1001,16 +1001,17 @@ def _patch_udop_combine_without_ragged_rows(original: Any) -> Any:
 
 def _conv1d_paddings(layer: Any, length: Any) -> tuple[Any, Any]:
     """(left, right) padding of an Encodec-style padded Conv1d for an input of ``length`` samples, in
-    Python integers (or the input's symbolic size) from ``layer.conv``'s kernel, stride and dilation:
-    the frame count is ``ceil((length - kernel + total) / stride)``, the right side pads the input up
-    to the last full frame; causal layers put the whole ``kernel - stride`` on the left, the others
+    Python integers (or the input's symbolic size) from ``layer.conv``'s kernel, stride and dilation
+    (``total = kernel - stride``): the right side pads the input up to a whole number of strides, as
+    ``ceil((length - kernel + total) / stride)`` frames need; causal layers put the whole ``kernel - stride`` on the left, the others
     split it, the odd sample going left."""
     conv = layer.conv
     stride = conv.stride[0]
     kernel = (conv.kernel_size[0] - 1) * conv.dilation[0] + 1
     total = kernel - stride
-    frames = -((kernel - total - length) // stride)
-    extra = frames * stride + kernel - total - length
+    # ceil((length - kernel + total) / stride) frames = ceil(length / stride) - 1, written with a
+    # non-negative numerator: an ONNX program divides sizes by truncation, not flooring
+    extra = (length + stride - 1) // stride * stride - length
     if layer.causal:
         return total, extra
     right = total // 2
