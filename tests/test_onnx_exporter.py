@@ -671,10 +671,31 @@ class _MimiConvStack(torch.nn.Module):
         return self.plain(self.strided(audio))
 
 
+class _CeilDividesLength(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        frames = -((3 - x.shape[-1]) // 2)  # ceil((length - 3) / 2), a negative floor division
+        return x[..., :frames] * 2
+
+
+def test_floor_division_of_sizes_rounds_down_for_negative_values(tmp_path: Path) -> None:
+    """torchlib translates ``operator.floordiv`` of sizes to ONNX Div, which truncates: exported at
+    length 8, the program keeps 1 column at length 6 where eager keeps 2. The translation rounds down."""
+    inputs = {"x": torch.randn(2, 8)}
+    others = [{"x": torch.randn(3, 6)}, {"x": torch.randn(2, 11)}]
+    with without_workarounds("_aten_sym_floordiv"):
+        exporter = OnnxExporter()
+        runner_ = exporter.load_runner(exporter.save(exporter.export(_CeilDividesLength(), inputs, OnnxConfig(dynamic=True)), tmp_path / "torchlib"))
+        with pytest.raises(ParityError, match=re.escape("output : artifact shape (3, 1) != eager shape (3, 2)")):
+            check_parity(_CeilDividesLength(), runner_, others, atol=1e-6)
+    exporter = OnnxExporter()
+    runner_ = exporter.load_runner(exporter.save(exporter.export(_CeilDividesLength(), inputs, OnnxConfig(dynamic=True)), tmp_path / "ours"))
+    reports = check_parity(_CeilDividesLength(), runner_, [inputs, *others], atol=1e-6)
+    assert [r.ok for r in reports] == [True] * 3
+
+
 def test_int_conv_padding_gives_the_frame_count_of_every_length(tmp_path: Path) -> None:
-    """The patched Mimi padding divides sizes with a non-negative numerator: an ONNX program
-    truncates integer division, and a negative floor division there gave one frame where eager
-    gives two. Exported for one length, the program matches eager on others, frame count included."""
+    """Mimi's padded convolutions, with the padding patch, divide sizes without a negative floor
+    division. Exported for one length, the program matches eager on others, frame count included."""
     torch.manual_seed(0)
     model = _MimiConvStack().eval()
     inputs = {"audio": torch.randn(2, 4, 24)}

@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import importlib
 import inspect
+import operator
 import re
 import sys
 import threading
@@ -428,7 +429,8 @@ def register_onnx_translation(*aten_ops: str) -> Callable[[Callable[..., Any]], 
     """Register an onnxscript function as the ONNX translation of each aten op overload.
 
     Ops are named as ``"aten::index_put.default"``; they are resolved to ``torch.ops`` overloads when
-    the table is built (:func:`onnx_translation_table`).
+    the table is built (:func:`onnx_translation_table`). ``"_operator::floordiv"`` names a Python
+    operator on sizes (``operator.floordiv``), as torch.onnx keys them.
     """
 
     def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -451,7 +453,10 @@ def onnx_translation_table() -> dict[Any, Callable[..., Any] | list[Callable[...
         namespace, _, rest = workaround.target.partition("::")
         name, _, overload = rest.partition(".")
         try:
-            op = getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
+            if namespace == "_operator":
+                op = getattr(operator, name)
+            else:
+                op = getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
         except (AttributeError, RuntimeError):
             continue  # the op's library is not loaded, so no traced node can use it
         table.setdefault(op, []).append(workaround.func)

@@ -103,6 +103,26 @@ def _aten_sym_numel(self: TensorType) -> INT64:
     return op.ReduceProd(op.Shape(self), keepdims=0)
 
 
+@registry.register_onnx_translation("_operator::floordiv")
+def _aten_sym_floordiv(self: INT64, other: INT64) -> INT64:
+    """``a // b`` of two sizes (Python floor division of SymInts), rounded down for negative values too.
+
+    Pattern: size arithmetic such as ``-((kernel - length) // stride)`` (a ceil division written as a
+    negated floor division) stays in a dynamic program as ``operator.floordiv``; torchlib translates
+    it to ONNX ``Div``, which truncates toward zero, so a negative numerator gives a size one larger
+    than eager's (one frame where eager has two). The quotient is corrected by one where the signs
+    differ and the remainder is not zero, as ``torch.floor_divide`` on integers does.
+    Models: MimiEncoderModel, PocketTTSAudioTokenizerEncoderModel (onnx dynamic in the sweep, with a
+        ceil division of the audio length).
+    Upstream: microsoft/onnxscript#2342 (``_operator::floordiv`` is implemented for non-negative inputs only)
+    Remove when: torchlib's ``operator_floordiv`` rounds down for negative inputs.
+    """
+    zero = op.Constant(value_int=0)
+    differ = op.Equal(op.Less(self, zero), op.Greater(other, zero))
+    inexact = op.Not(op.Equal(op.Mod(self, other), zero))
+    return op.Sub(op.Div(self, other), op.Cast(op.And(differ, inexact), to=INT64.dtype))
+
+
 def _polynomial(w: TensorType, coefficients: tuple[float, ...]) -> TensorType:
     result = op.CastLike(op.Constant(value_float=coefficients[0]), w)
     for c in coefficients[1:]:
