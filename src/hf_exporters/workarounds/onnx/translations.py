@@ -112,8 +112,9 @@ def _aten_sym_floordiv(self: INT64, other: INT64) -> INT64:
     it to ONNX ``Div``, which truncates toward zero, so a negative numerator gives a size one larger
     than eager's (one frame where eager has two). The quotient is corrected by one where the signs
     differ and the remainder is not zero, as ``torch.floor_divide`` on integers does.
-    Models: MimiEncoderModel, PocketTTSAudioTokenizerEncoderModel (onnx dynamic in the sweep, with a
-        ceil division of the audio length).
+    Models: any dynamic program that floor-divides a negative size expression; found on
+        MimiEncoderModel (onnx dynamic) with a first version of the Mimi padding patch, which now
+        divides with a non-negative numerator.
     Upstream: microsoft/onnxscript#2342 (``_operator::floordiv`` is implemented for non-negative inputs only)
     Remove when: torchlib's ``operator_floordiv`` rounds down for negative inputs.
     """
