@@ -178,7 +178,8 @@ class DynamoExporter:
         broadcast check; such a trace is tried once more with plain reasoning, which guards the sizes
         instead (the axes it pins are reported in :attr:`static_axes`, and :attr:`size_oblivious` is
         False so that a later lowering re-traces the same way). A data-dependent guard is not
-        retried; when the retry fails too, the first error is raised with a note naming the second. Guards torch's constraint solver cannot solve are left to
+        retried; when the retry fails too, the first error is raised with a note naming the second.
+        Guards torch's constraint solver cannot solve are left to
         ``_patch_dim_constraints_skip_unsolvable`` (a workaround of the registry).
 
         Raises:
