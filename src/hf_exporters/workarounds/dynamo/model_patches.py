@@ -168,6 +168,65 @@ def _patch_dim_constraints_skip_unsolvable(original: Any) -> Any:
     return functools.wraps(original)(solve)
 
 
+def _cancel_common_factor(expr: Any) -> Any | None:
+    """``expr``, a quotient ``base / gcd`` of integer size expressions, with the factor cancelled term
+    by term, or None when a term keeps a denominator (the factor did not divide it).
+
+    A product over a sum is distributed at the top level only (``(g*a + g*b) / g`` -> ``a + b``);
+    sympy's own product rules cancel ``g`` in each term. Nested expressions (floor divisions inside the
+    terms) are left as they are: they were reduced when they were built.
+    """
+    import sympy
+
+    distributed = sympy.expand_mul(expr, deep=False) if expr.is_Mul else expr
+    for term in sympy.Add.make_args(distributed):
+        for factor in sympy.Mul.make_args(term):
+            if factor.is_Rational and not factor.is_Integer:
+                return None
+            if factor.is_Pow and factor.exp.is_negative is not False:
+                return None
+    return distributed
+
+
+@register_patch("onnx", "torch.utils._sympy.functions.sympy")
+@register_patch("dynamo", "torch.utils._sympy.functions.sympy")
+def _patch_floordiv_cancels_without_simplify(original: Any) -> Any:
+    """Reduce a floor division by a common factor without calling ``sympy.simplify``.
+
+    Pattern: a dynamic export of a model that pads to whole windows or patches at every stage (Swin,
+    Donut-Swin, Swin2SR, SAM 2's Hiera, MaskFormer's Swin backbone). Each stage's sizes nest the last
+    stage's (``((((x//4) + 1)//2) + 1)//2`` plus ``Mod``/``Min`` terms of the padding). Building
+    ``FloorDiv(base, divisor)`` with a common factor ``g`` in ``torch.utils._sympy.functions`` returns
+    ``FloorDiv(sympy.simplify(base / g), sympy.simplify(divisor / g))``, and ``sympy.simplify`` over
+    these nested expressions takes 10-25 s per call (SwinModel: 5 calls, 56 s of a 138 s trace, and
+    as much again in the ONNX lowering's decompositions); SwinModel timed out at 150 s on ONNX with a
+    dynamic image side. The quotient only needs ``g`` cancelled, which sympy's product rules do term
+    by term (:func:`_cancel_common_factor`), so the patch hands that module a copy of ``sympy`` whose
+    ``simplify`` does so and calls the full ``sympy.simplify`` only when a term keeps a denominator.
+    The floor division's value is unchanged: ``floor(base / divisor)`` is the same whichever common
+    factor is cancelled. The module's other ``sympy`` names are the real ones. Installed for the
+    trace (dynamo scope) and the ONNX lowering's decompositions (onnx scope).
+    Upstream: pytorch/pytorch#134133 (sympy in ``FloorDiv.eval`` blows up on large sums; the fix
+        there covers ``sympy.gcd``, not the ``sympy.simplify`` that follows it)
+    Remove when: ``FloorDiv.eval`` cancels the common factor without ``sympy.simplify``.
+    """
+    import types
+
+    full_simplify = original.simplify
+    copy = types.ModuleType(original.__name__, original.__doc__)
+    copy.__dict__.update(original.__dict__)
+
+    def simplify(expr: Any, *args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs and isinstance(expr, original.Expr):
+            cancelled = _cancel_common_factor(expr)
+            if cancelled is not None:
+                return cancelled
+        return full_simplify(expr, *args, **kwargs)
+
+    copy.simplify = functools.wraps(full_simplify)(simplify)
+    return copy
+
+
 @register_patch(
     "dynamo",
     "transformers.models.cosmos3_edge.modeling_cosmos3_edge.Cosmos3EdgeVisionEmbeddings.resize_positional_embeddings",
