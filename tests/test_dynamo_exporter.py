@@ -803,3 +803,35 @@ def test_windows_padded_at_every_stage_trace_without_sympy_simplify(monkeypatch)
     others = [{"x": torch.randn(1, 3, 30, 77)}, {"x": torch.randn(3, 3, 64, 64)}]
     reports = check_parity(model, ExportedProgramRunner(program), [inputs, *others], atol=1e-6)
     assert [r.ok for r in reports] == [True, True, True]
+
+
+def test_loading_a_dynamic_program_parses_each_size_expression_once(tmp_path, monkeypatch):
+    """A dynamic program's saved sizes repeat the same expressions over every node; the load patch
+    parses each (expression, hint) once, and the loaded program keeps its ranges and its numbers."""
+    from torch._export.serde import serialize
+
+    from hf_exporters.exporters.dynamo import load_exported_program
+
+    torch.manual_seed(0)
+    model = _PadsToWindowsPerStage().eval()
+    inputs = {"x": torch.randn(2, 3, 61, 47)}
+    path = DynamoExporter().save(DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True)), tmp_path / "windows")
+    strings = []
+    original = serialize.GraphModuleDeserializer._parse_sym_expr
+    monkeypatch.setattr(
+        serialize.GraphModuleDeserializer,
+        "_parse_sym_expr",
+        lambda self, expr, hint=None: (strings.append((expr, hint)) if isinstance(expr, str) else None) or original(self, expr, hint),
+    )
+    with without_workarounds("_patch_parse_each_size_expression_once"):
+        plain = load_exported_program(path)
+    parsed_plain = list(strings)
+    strings.clear()
+    loaded = load_exported_program(path)
+    assert len(strings) == len(set(strings)) == len(set(parsed_plain)) < len(parsed_plain)
+    assert serialize.GraphModuleDeserializer._parse_sym_expr.__name__ == "<lambda>"  # restored to the test's own
+    assert {str(k): (v.lower, v.upper) for k, v in loaded.range_constraints.items()} == {
+        str(k): (v.lower, v.upper) for k, v in plain.range_constraints.items()
+    }
+    other = torch.randn(1, 3, 30, 77)
+    torch.testing.assert_close(loaded.module()(x=other), model(other))

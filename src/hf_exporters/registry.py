@@ -121,7 +121,8 @@ def _doc_field(func: Callable[..., Any], field: str) -> str | None:
 
 
 def stage_of(kind: str, backend: str, target: str) -> str:
-    """The stage title (``"Stage N: ..."``) that applies a workaround of ``kind`` for ``backend``."""
+    """The stage title (``"Stage N: ..."``) that applies a workaround of ``kind`` for ``backend``; for
+    the ``"load"`` scopes, the loader that applies it (``load.pt2``: ``load_exported_program``)."""
     root = backend.split(".")[0]
     if root == "dynamo":
         return {"patch": "Stage 2: Model patches"}.get(kind, f"unused ({kind})")
@@ -141,6 +142,8 @@ def stage_of(kind: str, backend: str, target: str) -> str:
             "fx_program_fix": "Stage 4: FX program fixes",
             "fx_node_fix": "Stage 5: FX node fixes",
         }.get(kind, f"unused ({kind})")
+    if root == "load":
+        return {"patch": "Loading: torch.export.load"}.get(kind, f"unused ({kind})")
     return f"unused ({kind})"
 
 

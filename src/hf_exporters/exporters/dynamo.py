@@ -35,7 +35,8 @@ def load_exported_program(path: str | os.PathLike[str], model_class: str | None 
     torch can only rebuild them once those types are registered, which happens when transformers'
     modules defining them are imported. This registers the caches, imports
     ``transformers.modeling_outputs`` and the modeling module of ``model_class`` (read from the
-    folder's ``export.json`` when not given), then loads.
+    folder's ``export.json`` when not given), then loads, under the ``"load.pt2"`` patches (each
+    symbolic size expression parsed once).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -60,7 +61,8 @@ def load_exported_program(path: str | os.PathLike[str], model_class: str | None 
         if cls is not None:
             importlib.import_module(cls.__module__)
     register_model_pytrees(None)
-    return torch.export.load(str(path))
+    with registry.apply_patches("load.pt2"):
+        return torch.export.load(str(path))
 
 
 #: file-name ending of an AOTInductor package written by :meth:`DynamoExporter.compile_aoti`

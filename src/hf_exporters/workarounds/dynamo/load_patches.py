@@ -1,0 +1,42 @@
+"""Patches for loading a saved program (``register_patch("load.pt2", ...)``), applied by
+:func:`hf_exporters.exporters.dynamo.load_exported_program` around ``torch.export.load``.
+
+Loading is not an export stage: these change how fast a ``model.pt2`` is read back, never what it
+holds.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ...registry import register_patch
+
+
+@register_patch("load.pt2", "torch._export.serde.serialize.GraphModuleDeserializer._parse_sym_expr")
+def _patch_parse_each_size_expression_once(original: Any) -> Any:
+    """Parse each symbolic size expression of a saved program once per load, not once per use.
+
+    Pattern: loading a program exported with dynamic axes. Every tensor's saved metadata holds its
+    sizes and strides as expression strings (``s27``, ``s27*s53``, ``((s53 + 63)//64)``), and the
+    deserializer turns each occurrence into sympy with ``sympy.sympify`` (Python's tokenizer and
+    ``eval``), then walks its sub-expressions, printing each one again. The same few dozen expressions
+    recur over thousands of nodes: Qwen3.5-MoE's tiny text model (1,292 nodes, 6,261 sizes) took 39 s
+    to load, more than its export. The result of a parse depends only on the string (or
+    sub-expression) and the hint, and its effects on the loader (the symbol cache, the hint and value
+    range recorded in the shape environment) are the same each time, so the patch keeps each
+    deserializer's results by ``(expression, hint)`` and returns the kept symbol on a repeat.
+    Upstream: pytorch/pytorch#196452 (``torch.export.load`` repeats work per node; that report covers
+        the schema lookups, the same holds for size expressions)
+    Remove when: torch's deserializer caches parsed size expressions.
+    """
+
+    @functools.wraps(original)
+    def parse(self: Any, expr_str: Any, hint: Any = None) -> Any:
+        cache = self.__dict__.setdefault("_hf_exporters_parsed", {})
+        key = (expr_str, hint, type(hint))
+        if key not in cache:
+            cache[key] = original(self, expr_str, hint)
+        return cache[key]
+
+    return parse
