@@ -713,3 +713,41 @@ def test_patch_antialiased_bilinear_to_sizes_from_data(tmp_path):
     run = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path / "matmul"))
     reports = check_parity(model, run, [inputs, {**inputs, "spatial_shape": torch.tensor([5, 3])}], atol=1e-5)
     assert [r.ok for r in reports] == [True, True] and max(r.max_abs_diff for r in reports) < 1e-5
+
+
+class _SpecialTokenSpans(torch.nn.Module):
+    """Grounding DINO's text bookkeeping: each token's previous special token (a running maximum of
+    positions) and next one (a flipped running minimum), and the running-maximum indices."""
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        special = input_ids < 3
+        previous = torch.cummax(torch.where(special, positions, -1), dim=1)
+        following = torch.where(special, positions, input_ids.shape[1]).flip(1).cummin(1).values.flip(1)
+        return previous.values, following, previous.indices
+
+
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize(("shape", "dim"), [((7,), 0), ((3, 9), 1), ((4, 5, 3), 0), ((2, 3, 8), -1)])
+def test_cummax_and_cummin_of_integers_match_torch(shape, dim, largest):
+    """Values and indices equal torch's, ties included (small integers tie often)."""
+    from hf_exporters.workarounds.executorch.torch_patches import _running_extreme
+
+    x = torch.randint(-3, 4, shape, generator=torch.Generator().manual_seed(len(shape) + dim))
+    expected = torch.cummax(x, dim) if largest else torch.cummin(x, dim)
+    values, indices = _running_extreme(x, dim, largest)
+    assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
+
+
+def test_cummax_and_cummin_export_for_executorch(tmp_path):
+    inputs = {"input_ids": torch.tensor([[0, 5, 7, 1, 9, 9, 2, 8], [4, 4, 0, 6, 6, 6, 6, 1]])}
+    report = _refused_without_then_parity(
+        _SpecialTokenSpans(), inputs,
+        ("_patch_cummax_of_integers_as_core_ops", "_patch_cummin_of_integers_as_core_ops"),
+        re.escape("aten.cummax.default is not in Core ATen opset"), tmp_path, atol=0,
+    )
+    assert report.ok and report.max_abs_diff == 0.0
+    floats = torch.tensor([[0.5, float("nan"), 0.2]])
+    with registry.apply_patches("executorch.xnnpack", select=lambda p: not p.startswith("executorch.")):
+        kept = torch.cummax(floats, 1)  # floating input: torch's own, NaN propagation included
+    assert torch.equal(kept.indices, torch.tensor([[0, 1, 1]])) and torch.isnan(kept.values[0, 1:]).all()

@@ -416,3 +416,75 @@ def _patch_antialiased_bilinear_to_sizes_from_data(original: Any) -> Any:
         return torch.matmul(torch.matmul(rows, input), cols.t())
 
     return interpolate
+
+
+def _running_extreme(values: torch.Tensor, dim: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Running maximum (``largest``) or minimum of an integer tensor along ``dim`` from core ATen ops.
+
+    Shapes: ``values`` (..., n, ...) with ``n`` along ``dim``; returns (values, indices) of its shape,
+    ``indices`` int64. Position ``i`` compares every ``j <= i`` through an (..., n, n) broadcast (memory
+    grows with ``n**2``), takes the extreme with ``amax``/``amin``, and the last ``j <= i`` holding it
+    as the index, which is the tie rule of torch's CPU ``cummax``/``cummin`` (``cummax([1, 1])`` ->
+    indices ``[0, 1]``).
+    """
+    x = values.movedim(dim, -1)
+    n = x.shape[-1]
+    position = torch.arange(n, device=x.device)
+    seen = position[None, :] <= position[:, None]  # (n, n): [i, j] = j <= i
+    pairs = x.unsqueeze(-2).expand(*x.shape[:-1], n, n)  # [..., i, j] = x[..., j]
+    info = torch.iinfo(x.dtype)
+    fill = info.min if largest else info.max
+    masked = pairs.masked_fill(~seen, fill)
+    extreme = masked.amax(-1) if largest else masked.amin(-1)
+    holds = (pairs == extreme.unsqueeze(-1)) & seen
+    index = torch.where(holds, position, -1).amax(-1)
+    return extreme.movedim(-1, dim), index.movedim(-1, dim)
+
+
+@register_patch("executorch", "torch.cummax", "torch.Tensor.cummax")
+def _patch_cummax_of_integers_as_core_ops(original: Any) -> Any:
+    """``cummax`` of an integer tensor from broadcast comparisons and ``amax`` (:func:`_running_extreme`).
+
+    Pattern: text-token bookkeeping takes a running maximum of positions: the previous special
+    token of each token (Grounding DINO, MM Grounding DINO ``generate_masks_with_special_tokens_and_transfer_map``),
+    the last ``<im_start>`` (Qwen3-Omni-MoE), the last end-of-sequence (Qwen4Exp), a group start
+    (ESMFold2). ``aten.cummax`` is not in the core ATen opset ("SpecViolationError: Operator
+    torch._ops.aten.cummax.default is not in Core ATen opset") and has no ExecuTorch kernel. Same
+    values and indices as torch; floating and boolean inputs, and calls with ``out=``, go to the
+    original (NaN handling stays torch's).
+    Models: MMGroundingDinoModel (executorch in the sweep).
+    Upstream: pytorch/pytorch core ATen opset (``cummax``/``cummin`` have no decomposition into core
+        ops); executorch kernels/portable (no ``cummax`` kernel in executorch 1.4.1)
+    Remove when: torch decomposes ``cummax`` into core ATen ops, or ExecuTorch adds a kernel.
+    """
+
+    def cummax(input: torch.Tensor, dim: int, **kwargs: Any) -> Any:
+        if kwargs or input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool or input.dim() == 0:
+            return original(input, dim, **kwargs)
+        values, indices = _running_extreme(input, dim, largest=True)
+        return torch.return_types.cummax((values, indices))
+
+    return cummax
+
+
+@register_patch("executorch", "torch.cummin", "torch.Tensor.cummin")
+def _patch_cummin_of_integers_as_core_ops(original: Any) -> Any:
+    """``cummin`` of an integer tensor from broadcast comparisons and ``amin`` (:func:`_running_extreme`).
+
+    Pattern: the running minimum that pairs with :func:`_patch_cummax_of_integers_as_core_ops`: the
+    next special token of each token, a flipped ``cummin`` (Grounding DINO, MM Grounding DINO).
+    ``aten.cummin`` is not core ATen either. Same values and indices as torch; floating and boolean
+    inputs, and calls with ``out=``, go to the original.
+    Models: MMGroundingDinoModel (executorch in the sweep).
+    Upstream: pytorch/pytorch core ATen opset (``cummin`` has no decomposition into core ops);
+        executorch kernels/portable (no ``cummin`` kernel in executorch 1.4.1)
+    Remove when: torch decomposes ``cummin`` into core ATen ops, or ExecuTorch adds a kernel.
+    """
+
+    def cummin(input: torch.Tensor, dim: int, **kwargs: Any) -> Any:
+        if kwargs or input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool or input.dim() == 0:
+            return original(input, dim, **kwargs)
+        values, indices = _running_extreme(input, dim, largest=False)
+        return torch.return_types.cummin((values, indices))
+
+    return cummin
