@@ -224,21 +224,28 @@ def _patch_erfinv_by_polynomial(_original: Any) -> Any:
     return erfinv
 
 
-@register_patch("executorch", "transformers.models.deepseek_v2.modeling_deepseek_v2.DeepseekV2RotaryEmbedding.forward", loaded_only=True)
+@register_patch(
+    "executorch",
+    "transformers.models.deepseek_v2.modeling_deepseek_v2.DeepseekV2RotaryEmbedding.forward",
+    "transformers.models.llama4.modeling_llama4.Llama4TextRotaryEmbedding.forward",
+    loaded_only=True,
+)
 def _patch_deepseek_v2_rotary_as_real_pairs(_original: Any) -> Any:
-    """DeepSeek-V2's rotary table as real (cos, sin) pairs instead of complex numbers; paired with
-    :func:`_patch_deepseek_v2_apply_rotary_real`, which rotates with them.
+    """DeepSeek-V2's and Llama 4's rotary table as real (cos, sin) pairs instead of complex numbers;
+    paired with :func:`_patch_deepseek_v2_apply_rotary_real` and :func:`_patch_llama4_apply_rotary_real`,
+    which rotate with them.
 
     Pattern: ``torch.polar`` builds a complex table and ``apply_rotary_emb`` multiplies
     ``view_as_complex`` queries and keys by it. ExecuTorch has no complex dtype: ``aten.polar`` is not
     core ATen and ``view_as_complex_copy`` fails the lowering ("does not support automatic
     differentiation for outputs with complex dtype"). The table becomes (batch, seq, head_dim / 2, 2)
     with ``[..., 0] = cos``, ``[..., 1] = sin`` (times the attention scaling), the same numbers the
-    complex product uses.
-    Models: DeepseekV2Model, DeepseekV2ForCausalLM.
+    complex product uses. Llama 4's text rotary is the same code.
+    Models: DeepseekV2Model, DeepseekV2ForCausalLM, Llama4TextModel, Llama4ForConditionalGeneration.
     Upstream: executorch (no complex tensors in the edge dialect or the portable kernels);
-        transformers models/deepseek_v2/modeling_deepseek_v2.py (complex rotary)
-    Remove when: DeepSeek-V2 applies its rotary embedding with cos/sin like the Llama family.
+        transformers models/deepseek_v2/modeling_deepseek_v2.py, models/llama4/modeling_llama4.py
+        (complex rotary)
+    Remove when: DeepSeek-V2 and Llama 4 apply their rotary embeddings with cos/sin like the Llama family.
     """
 
     from transformers.modeling_rope_utils import dynamic_rope_update
@@ -268,14 +275,38 @@ def _patch_deepseek_v2_apply_rotary_real(_original: Any) -> Any:
     def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # xq, xk (batch, heads, seq, rope_dim); freqs_cis (batch, seq, rope_dim / 2, 2)
         table = freqs_cis.unsqueeze(1)
-        cos, sin = table[..., 0], table[..., 1]
+        return _rotate_pairs(xq, table), _rotate_pairs(xk, table)
 
-        def rotate(x: torch.Tensor) -> torch.Tensor:
-            pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-            a, b = pairs[..., 0], pairs[..., 1]
-            return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(3).type_as(x)
+    return apply_rotary_emb
 
-        return rotate(xq), rotate(xk)
+
+def _rotate_pairs(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``x`` (..., dim) rotated pair by pair by ``table`` (..., dim / 2, 2) of (cos, sin), broadcast
+    against ``x``'s leading axes: ``(a, b)`` -> ``(a c - b s, a s + b c)``, in float32, returned in
+    ``x``'s dtype."""
+    cos, sin = table[..., 0], table[..., 1]
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    a, b = pairs[..., 0], pairs[..., 1]
+    return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2).type_as(x)
+
+
+@register_patch("executorch", "transformers.models.llama4.modeling_llama4.apply_rotary_emb", loaded_only=True)
+def _patch_llama4_apply_rotary_real(_original: Any) -> Any:
+    """Llama 4's text rotary product in real arithmetic over (cos, sin) pairs (:func:`_rotate_pairs`).
+
+    Pattern: as DeepSeek-V2 (:func:`_patch_deepseek_v2_rotary_as_real_pairs` writes the table), with
+    queries and keys still (batch, seq, heads, head_dim) and the table broadcast over the heads.
+    Without it the lowering fails with "view_as_complex_copy does not support automatic
+    differentiation for outputs with complex dtype".
+    Models: Llama4TextModel, Llama4ForConditionalGeneration (text inputs).
+    Upstream: executorch (no complex tensors in the edge dialect or the portable kernels)
+    Remove when: Llama 4 applies its rotary embedding with cos/sin like the Llama family.
+    """
+
+    def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # xq, xk (batch, seq, heads, head_dim); freqs_cis (batch, seq, head_dim / 2, 2)
+        table = freqs_cis[:, :, None]
+        return _rotate_pairs(xq, table), _rotate_pairs(xk, table)
 
     return apply_rotary_emb
 
