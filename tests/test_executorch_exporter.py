@@ -754,3 +754,26 @@ def test_cummax_and_cummin_export_for_executorch(tmp_path):
     with registry.apply_patches("executorch.xnnpack", select=lambda p: not p.startswith("executorch.")):
         kept = torch.cummax(floats, 1)  # floating input: torch's own, NaN propagation included
     assert torch.equal(kept.indices, torch.tensor([[0, 1, 1]])) and torch.isnan(kept.values[0, 1:]).all()
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 16), (1, 13, 7), (3, 128, 32)])
+def test_real_dft2_equals_the_real_part_of_fftn(shape):
+    from hf_exporters.workarounds.executorch.torch_patches import _real_dft2
+
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(shape[1]))
+    expected = torch.fft.fftn(x, dim=(1, 2)).real
+    assert float((_real_dft2(x) - expected).abs().max()) < 1e-6 * float(expected.abs().max()) * shape[1]
+
+
+def test_fnet_fourier_mixing_exports_for_executorch(tmp_path):
+    """FNet mixes tokens with complex FFTs, which are not core ATen; the patch writes the real part
+    out as cosine and sine matrix products, and the .pte matches eager."""
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("FNetModel")
+    inputs = build_inputs(model)
+    report = _refused_without_then_parity(
+        model, inputs, "_patch_fnet_fourier_as_real_matmuls", re.escape("aten._fft_"), tmp_path, atol=1e-3,
+    )
+    assert report.ok and report.max_abs_diff < 1e-4

@@ -519,3 +519,48 @@ def _patch_cummin_of_integers_as_core_ops(original: Any) -> Any:
         return torch.return_types.cummin((values, indices))
 
     return cummin
+
+
+def _real_dft2(x: torch.Tensor) -> torch.Tensor:
+    """The real part of the 2-D discrete Fourier transform of ``x`` over axes 1 and 2, from matrix
+    products: ``Re(F_s x F_h) = C_s x C_h - S_s x S_h`` with ``C[j, k] = cos(2 pi j k / n)`` and
+    ``S[j, k] = sin(2 pi j k / n)`` (``F = C - i S``, symmetric).
+
+    Shapes: ``x`` (batch, seq, hidden) -> (batch, seq, hidden), computed in float32 and returned in
+    ``x``'s dtype. The phase ``j k`` is reduced modulo ``n`` in integers before it becomes an angle,
+    so long axes keep their precision.
+    """
+
+    def cos_sin(n: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        k = torch.arange(n, device=x.device)
+        angle = ((k[:, None] * k[None, :]) % n).to(torch.float32) * (2 * torch.pi / n)
+        return angle.cos(), angle.sin()
+
+    cos_s, sin_s = cos_sin(x.shape[1])
+    cos_h, sin_h = cos_sin(x.shape[2])
+    values = x.float()
+    return (cos_s @ values @ cos_h - sin_s @ values @ sin_h).to(x.dtype)
+
+
+@register_patch("executorch", "transformers.models.fnet.modeling_fnet.FNetBasicFourierTransform.forward", loaded_only=True)
+def _patch_fnet_fourier_as_real_matmuls(_original: Any) -> Any:
+    """FNet's token mixing, the real part of a 2-D Fourier transform over (sequence, hidden), as four
+    real matrix products (:func:`_real_dft2`) instead of complex FFTs.
+
+    Pattern: ``torch.fft.fftn(hidden_states, dim=(1, 2)).real`` (or the TPU path's complex DFT
+    matrices, or ``fftn`` one axis at a time: the same numbers) traces to ``aten._fft_r2c`` and
+    ``aten._fft_c2c``, which are not core ATen ("SpecViolationError: Operator
+    torch._ops.aten._fft_c2c.default is not in Core ATen opset"), over complex tensors ExecuTorch has
+    no dtype for. Only the real part is used, and it is real arithmetic: cosine and sine tables times
+    the hidden states. Cost ``O(seq**2 * hidden + seq * hidden**2)`` instead of the FFT's
+    ``O(seq * hidden * log)``, which XNNPACK runs as matrix products.
+    Models: FNetModel and its heads (executorch in the sweep).
+    Upstream: executorch (no complex tensors or FFT kernels in the edge dialect and the portable
+        kernels); pytorch/pytorch core ATen opset (``_fft_c2c``/``_fft_r2c`` are not in it)
+    Remove when: ExecuTorch lowers ``_fft_r2c``/``_fft_c2c`` (or FNet offers a real DFT path).
+    """
+
+    def forward(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor]:
+        return (_real_dft2(hidden_states),)
+
+    return forward
