@@ -1,6 +1,7 @@
 """DynamoExporter on the real MiniLM and on small modules: signature restore, static-axis report,
 state cleanup, pytree round trip of caches, concurrent exports."""
 
+import itertools
 import re
 import threading
 
@@ -751,9 +752,14 @@ class _PadsToWindowsPerStage(torch.nn.Module):
         return x
 
 
+_FRESH = itertools.count()
+
+
 def _counting_simplify(monkeypatch):
+    """Count full ``sympy.simplify`` calls, from an empty sympy cache (a cached FloorDiv is not rebuilt)."""
     import sympy
 
+    sympy.core.cache.clear_cache()
     calls = []
     full = sympy.simplify
     monkeypatch.setattr(sympy, "simplify", lambda expr, *a, **k: calls.append(expr) or full(expr, *a, **k))
@@ -772,6 +778,7 @@ def test_floor_division_by_a_common_factor_cancels_it_without_sympy_simplify(mon
     calls = _counting_simplify(monkeypatch)
 
     def quotient(tag):  # fresh symbols each time: sympy caches a built FloorDiv by its arguments
+        tag = f"{tag}_{next(_FRESH)}"
         s, a, b = sympy.symbols(f"s_{tag} a_{tag} b_{tag}", integer=True, positive=True)
         return functions.FloorDiv(s * functions.FloorDiv(a, 4) + s * b, 2 * s), (a, b)
 
@@ -783,7 +790,7 @@ def test_floor_division_by_a_common_factor_cancels_it_without_sympy_simplify(mon
         built, (a, b) = quotient("patched")
         assert calls == []
         assert built == functions.FloorDiv(functions.FloorDiv(a, 4) + b, 2)
-        x = sympy.Symbol("x_patched", integer=True)
+        x = sympy.Symbol(f"x_patched_{next(_FRESH)}", integer=True)
         assert functions.sympy.simplify((x + 1) / 2) == x / 2 + sympy.Rational(1, 2)  # not exact: full simplify
         assert len(calls) == 1
     assert functions.sympy is sympy

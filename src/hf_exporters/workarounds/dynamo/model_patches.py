@@ -205,7 +205,10 @@ def _patch_floordiv_cancels_without_simplify(original: Any) -> Any:
     ``simplify`` does so and calls the full ``sympy.simplify`` only when a term keeps a denominator.
     The floor division's value is unchanged: ``floor(base / divisor)`` is the same whichever common
     factor is cancelled. The module's other ``sympy`` names are the real ones. Installed for the
-    trace (dynamo scope) and the ONNX lowering's decompositions (onnx scope).
+    trace (dynamo scope) and the ONNX lowering's decompositions (onnx scope); the ExecuTorch
+    lowering's re-trace and ``torch.export.load`` still take the full simplify.
+    Models: SwinModel, DonutSwinModel, Swin2SRModel, Sam2HieraDetModel, Sam2VisionModel,
+    MaskFormerSwinModel (dynamic in the sweep).
     Upstream: pytorch/pytorch#134133 (sympy in ``FloorDiv.eval`` blows up on large sums; the fix
         there covers ``sympy.gcd``, not the ``sympy.simplify`` that follows it)
     Remove when: ``FloorDiv.eval`` cancels the common factor without ``sympy.simplify``.

@@ -472,6 +472,17 @@ def _running_extreme(values: torch.Tensor, dim: int, largest: bool) -> tuple[tor
     return extreme.movedim(-1, dim), index.movedim(-1, dim)
 
 
+def _keeps_torch_running_extreme(input: torch.Tensor, dim: int, kwargs: dict[str, Any]) -> bool:
+    """Whether a ``cummax``/``cummin`` call goes to torch's own op: ``out=``, a floating, complex or
+    boolean input (NaN handling stays torch's), a 0-d input, or an axis of size 0 (nothing to compare;
+    a dynamic axis is assumed non-empty)."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    if kwargs or input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool or input.dim() == 0:
+        return True
+    return guard_or_false(input.shape[dim] == 0)
+
+
 @register_patch("executorch", "torch.cummax", "torch.Tensor.cummax")
 def _patch_cummax_of_integers_as_core_ops(original: Any) -> Any:
     """``cummax`` of an integer tensor from broadcast comparisons and ``amax`` (:func:`_running_extreme`).
@@ -481,8 +492,8 @@ def _patch_cummax_of_integers_as_core_ops(original: Any) -> Any:
     the last ``<im_start>`` (Qwen3-Omni-MoE), the last end-of-sequence (Qwen4Exp), a group start
     (ESMFold2). ``aten.cummax`` is not in the core ATen opset ("SpecViolationError: Operator
     torch._ops.aten.cummax.default is not in Core ATen opset") and has no ExecuTorch kernel. Same
-    values and indices as torch; floating and boolean inputs, and calls with ``out=``, go to the
-    original (NaN handling stays torch's).
+    values and indices as torch; the calls :func:`_keeps_torch_running_extreme` names go to the
+    original.
     Models: MMGroundingDinoModel (executorch in the sweep).
     Upstream: pytorch/pytorch core ATen opset (``cummax``/``cummin`` have no decomposition into core
         ops); executorch kernels/portable (no ``cummax`` kernel in executorch 1.4.1)
@@ -490,7 +501,7 @@ def _patch_cummax_of_integers_as_core_ops(original: Any) -> Any:
     """
 
     def cummax(input: torch.Tensor, dim: int, **kwargs: Any) -> Any:
-        if kwargs or input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool or input.dim() == 0:
+        if _keeps_torch_running_extreme(input, dim, kwargs):
             return original(input, dim, **kwargs)
         values, indices = _running_extreme(input, dim, largest=True)
         return torch.return_types.cummax((values, indices))
@@ -504,8 +515,8 @@ def _patch_cummin_of_integers_as_core_ops(original: Any) -> Any:
 
     Pattern: the running minimum that pairs with :func:`_patch_cummax_of_integers_as_core_ops`: the
     next special token of each token, a flipped ``cummin`` (Grounding DINO, MM Grounding DINO).
-    ``aten.cummin`` is not core ATen either. Same values and indices as torch; floating and boolean
-    inputs, and calls with ``out=``, go to the original.
+    ``aten.cummin`` is not core ATen either. Same values and indices as torch; the calls
+    :func:`_keeps_torch_running_extreme` names go to the original.
     Models: MMGroundingDinoModel (executorch in the sweep).
     Upstream: pytorch/pytorch core ATen opset (``cummin`` has no decomposition into core ops);
         executorch kernels/portable (no ``cummin`` kernel in executorch 1.4.1)
@@ -513,7 +524,7 @@ def _patch_cummin_of_integers_as_core_ops(original: Any) -> Any:
     """
 
     def cummin(input: torch.Tensor, dim: int, **kwargs: Any) -> Any:
-        if kwargs or input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool or input.dim() == 0:
+        if _keeps_torch_running_extreme(input, dim, kwargs):
             return original(input, dim, **kwargs)
         values, indices = _running_extreme(input, dim, largest=False)
         return torch.return_types.cummin((values, indices))
