@@ -705,3 +705,49 @@ def test_int_conv_padding_gives_the_frame_count_of_every_length(tmp_path: Path) 
     reports = check_parity(model, runner_, [inputs, *others], atol=1e-5)
     assert [r.ok for r in reports] == [True] * 4
     assert [model(**x).shape[-1] for x in others] == [2, 2, 10]
+
+
+def _halves_and_a_long_chain(length: int) -> ir.Model:
+    """X (2, 8) cut into halves by two Slices (what ``SlicesSplit`` looks for), and a chain of ``length``
+    Sin nodes."""
+    import onnx
+
+    chain = "\n".join(f"    n{i + 1} = Sin(n{i})" for i in range(length))
+    text = f"""<ir_version: 10, opset_import: ["" : 18]>
+agraph (float[2, 8] X) => (float[2, 4] A, float[2, 4] B, float[2, 8] Y) {{
+    zero = Constant<value = int64[1] {{0}}>()
+    half = Constant<value = int64[1] {{4}}>()
+    full = Constant<value = int64[1] {{8}}>()
+    last = Constant<value = int64[1] {{-1}}>()
+    A = Slice(X, zero, half, last)
+    B = Slice(X, half, full, last)
+    n0 = Identity(X)
+{chain}
+    Y = Identity(n{length})
+}}"""
+    return ir.serde.deserialize_model(onnx.parser.parse_model(text))
+
+
+def test_multi_output_rewrite_does_not_walk_the_graph_per_node(monkeypatch):
+    """``SlicesSplit`` (two Slices -> one Split) indexed the whole graph at every node it was tried
+    on; with the patch only the Slice nodes pay that walk, and the optimized graph is the same."""
+    import onnxscript.optimizer
+
+    walks = []
+    graph_iter = ir.Graph.__iter__
+    monkeypatch.setattr(ir.Graph, "__iter__", lambda self: walks.append(1) or graph_iter(self))
+
+    def optimize(patched: bool) -> tuple[int, list[str]]:
+        model = _halves_and_a_long_chain(400)
+        walks.clear()
+        if patched:
+            with registry.apply_patches("onnx", select=lambda p: p.startswith("onnxscript.rewriter._matcher")):
+                onnxscript.optimizer.optimize_ir(model)
+        else:
+            onnxscript.optimizer.optimize_ir(model)
+        return len(walks), [node.op_type for node in model.graph]
+
+    plain_walks, plain_ops = optimize(patched=False)
+    patched_walks, patched_ops = optimize(patched=True)
+    assert patched_ops == plain_ops and plain_ops.count("Sin") == 400
+    assert plain_walks > 400 > 40 > patched_walks  # one walk per node tried before, a handful now

@@ -7,6 +7,7 @@ they were written for and that every hooked attribute still exists, and fails wi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -126,3 +127,37 @@ def _patch_no_op_rules_exact_constants(original: tuple[Any, ...]) -> tuple[Any, 
     dropout = {id(_no_op.dropout_zero_rule), id(_no_op.dropout_inference_rule)}
     inexact = {id(rule) for rule in _no_op.rules} - dropout
     return (*_exact_no_op_rules(), *(rule for rule in original if id(rule) not in inexact))
+
+
+@registry.register_patch("onnx", "onnxscript.rewriter._matcher.SimplePatternMatcher.match")
+def _patch_multi_output_match_checks_the_first_node_first(original: Any) -> Any:
+    """Reject a node for a multi-output rewrite pattern before indexing the whole graph, when its
+    op type cannot match the pattern's first output node.
+
+    Pattern: the optimizer's rewrite pass tries every rule at every node. For a pattern with several
+    output nodes (``SlicesSplit``: two ``Slice`` nodes into one ``Split``), onnxscript 0.7.2's
+    ``SimplePatternMatcher.match`` first groups all the graph's nodes by op type, then tries
+    combinations whose first member is the given node, so each try costs a walk over the whole
+    graph, ``Slice`` or not: quadratic in the graph size. On a 10,000-node vision tower
+    (Exaone4_5_VisionModel) the rewrite pass took 210 s of a 327 s export (40 million node visits)
+    and the ONNX export timed out in the sweep. The first combination member is the given node
+    itself and is matched first, op type first, so a node whose op type the first pattern node
+    refuses can never match: the patch returns that failure at once and calls the original for
+    every other node. Rewrites are unchanged.
+    Models: Exaone4_5_VisionModel and every large graph (onnx in the sweep).
+    Upstream: microsoft/onnxscript onnxscript/rewriter/_matcher.py (``SimplePatternMatcher.match``
+        builds ``op_to_nodes`` before matching the given node), in onnxscript 0.7.2; no report found
+    Remove when: onnxscript matches the given node before indexing the graph for multi-output patterns.
+    """
+    from onnxscript.rewriter._basics import MatchResult
+
+    @functools.wraps(original)
+    def match(self: Any, model: Any, graph_or_function: Any, node: Any, **kwargs: Any) -> Any:
+        pattern = self.pattern
+        if not pattern.has_single_output_node:
+            first = pattern.output_nodes[0]
+            if not first.op.matches(node.op_type):
+                return MatchResult().fail(f"OpType mismatch: expected {first.op}, got {node.op_type}.", node)
+        return original(self, model, graph_or_function, node, **kwargs)
+
+    return match
