@@ -483,6 +483,20 @@ def _keeps_torch_running_extreme(input: torch.Tensor, dim: int, kwargs: dict[str
     return guard_or_false(input.shape[dim] == 0)
 
 
+def _running_extreme_op(original: Any, largest: bool) -> Any:
+    """``cummax`` (``largest``) or ``cummin`` computed by :func:`_running_extreme`, torch's own
+    ``original`` for the calls :func:`_keeps_torch_running_extreme` names."""
+    result_type = torch.return_types.cummax if largest else torch.return_types.cummin
+
+    def running_extreme(input: torch.Tensor, dim: int, **kwargs: Any) -> Any:
+        if _keeps_torch_running_extreme(input, dim, kwargs):
+            return original(input, dim, **kwargs)
+        return result_type(_running_extreme(input, dim, largest))
+
+    running_extreme.__name__ = running_extreme.__qualname__ = "cummax" if largest else "cummin"
+    return running_extreme
+
+
 @register_patch("executorch", "torch.cummax", "torch.Tensor.cummax")
 def _patch_cummax_of_integers_as_core_ops(original: Any) -> Any:
     """``cummax`` of an integer tensor from broadcast comparisons and ``amax`` (:func:`_running_extreme`).
@@ -500,13 +514,7 @@ def _patch_cummax_of_integers_as_core_ops(original: Any) -> Any:
     Remove when: torch decomposes ``cummax`` into core ATen ops, or ExecuTorch adds a kernel.
     """
 
-    def cummax(input: torch.Tensor, dim: int, **kwargs: Any) -> Any:
-        if _keeps_torch_running_extreme(input, dim, kwargs):
-            return original(input, dim, **kwargs)
-        values, indices = _running_extreme(input, dim, largest=True)
-        return torch.return_types.cummax((values, indices))
-
-    return cummax
+    return _running_extreme_op(original, largest=True)
 
 
 @register_patch("executorch", "torch.cummin", "torch.Tensor.cummin")
@@ -523,13 +531,7 @@ def _patch_cummin_of_integers_as_core_ops(original: Any) -> Any:
     Remove when: torch decomposes ``cummin`` into core ATen ops, or ExecuTorch adds a kernel.
     """
 
-    def cummin(input: torch.Tensor, dim: int, **kwargs: Any) -> Any:
-        if _keeps_torch_running_extreme(input, dim, kwargs):
-            return original(input, dim, **kwargs)
-        values, indices = _running_extreme(input, dim, largest=False)
-        return torch.return_types.cummin((values, indices))
-
-    return cummin
+    return _running_extreme_op(original, largest=False)
 
 
 def _real_dft2(x: torch.Tensor) -> torch.Tensor:
