@@ -64,6 +64,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/export_time.py
 	$(PY) benchmarks/executorch_latency.py
 	$(PY) benchmarks/onnx_latency.py
+	$(PY) benchmarks/workaround_speed.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
