@@ -842,3 +842,79 @@ def test_loading_a_dynamic_program_parses_each_size_expression_once(tmp_path, mo
     }
     other = torch.randn(1, 3, 30, 77)
     torch.testing.assert_close(loaded.module()(x=other), model(other))
+
+
+@pytest.mark.parametrize(
+    "model_class, workaround",
+    [
+        ("FalconMambaModel", "_patch_selective_scan_as_scan_op"),
+        ("RecurrentGemmaModel", "_patch_rglru_scan_as_scan_op"),
+        ("RwkvModel", "_patch_rwkv_attention_as_scan_op"),
+    ],
+)
+def test_recurrences_over_the_sequence_keep_the_length_dynamic(tmp_path, model_class, workaround):
+    """A Python loop over the sequence (Mamba's selective scan, RecurrentGemma's RG-LRU, RWKV's linear
+    attention) unrolls under export and fixes the length; as one scan op the length stays dynamic and
+    the program matches eager at the export length and at a longer one."""
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model(model_class)
+    inputs = build_inputs(model)
+    length = inputs["input_ids"].shape[1]
+    with without_workarounds(workaround):
+        exporter = DynamoExporter()
+        exporter.export(model, inputs, DynamoConfig(dynamic=True))
+        assert StaticAxis("input_ids", 1, length) in exporter.static_axes
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    assert exporter.static_axes == []
+    assert any(node.target is torch.ops.higher_order.scan for node in program.graph.nodes)
+    other = resized_inputs(program, inputs)
+    assert other["input_ids"].shape[1] > length
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, other], atol=1e-4)
+    assert [r.ok for r in reports] == [True, True]
+    assert max(r.max_abs_diff for r in reports) < 1e-5
+
+
+def test_recurrence_scans_equal_the_loops():
+    """The scan replacements give the loops' numbers, bit for bit, with and without a given state,
+    at lengths 2 to 9 (Mamba's selective scan with its bias, softplus, D and gate; the RG-LRU with
+    document resets; RWKV with its returned state)."""
+    from transformers.models.mamba import modeling_mamba
+    from transformers.models.recurrent_gemma import modeling_recurrent_gemma
+    from transformers.models.rwkv import modeling_rwkv
+
+    from hf_exporters.registry import apply_patches
+
+    torch.manual_seed(0)
+    rglru = modeling_recurrent_gemma.RecurrentGemmaRglru
+    originals = (modeling_mamba.mamba_selective_scan, rglru._rnn_scan, modeling_rwkv.rwkv_linear_attention_cpu)
+    checked = 0
+    for length in (2, 3, 9):
+        batch, width, state = 2, 6, 4
+        x, dt, z = torch.randn(batch, width, length), torch.randn(batch, width, length), torch.randn(batch, width, length)
+        A, B, C = -torch.rand(width, state), torch.randn(batch, state, length), torch.randn(batch, state, length)
+        options = {"D": torch.randn(width), "z": z, "delta_bias": torch.randn(width), "delta_softplus": True, "return_last_state": True}
+        expected = modeling_mamba.mamba_selective_scan(x, dt, A, B, C, **options)
+        gate, reset = torch.rand(batch, length, width), torch.rand(batch, length, 1) < 0.3
+        given = torch.randn(batch, width)
+        expected_lru = [rglru._rnn_scan(None, x.transpose(1, 2), gate, reset, s) for s in (None, given)]
+        time_decay, time_first = torch.randn(width), torch.randn(width)
+        key, value = torch.randn(batch, length, width), torch.randn(batch, length, width)
+        expected_rwkv = modeling_rwkv.rwkv_linear_attention_cpu(time_decay, time_first, key, value, return_state=True)
+        carried = [t.clone() for t in expected_rwkv[1]]
+        expected_again = modeling_rwkv.rwkv_linear_attention_cpu(time_decay, time_first, key, value, state=[t.clone() for t in carried])
+        with apply_patches("dynamo"):
+            patched = (modeling_mamba.mamba_selective_scan, rglru._rnn_scan, modeling_rwkv.rwkv_linear_attention_cpu)
+            assert all(p is not o for p, o in zip(patched, originals))
+            got = modeling_mamba.mamba_selective_scan(x, dt, A, B, C, **options)
+            got_lru = [rglru._rnn_scan(None, x.transpose(1, 2), gate, reset, s) for s in (None, given)]
+            got_rwkv = modeling_rwkv.rwkv_linear_attention_cpu(time_decay, time_first, key, value, return_state=True)
+            got_again = modeling_rwkv.rwkv_linear_attention_cpu(time_decay, time_first, key, value, state=[t.clone() for t in carried])
+            assert modeling_rwkv.rwkv_linear_attention_cpu(time_decay, time_first, key, value)[1] is None
+        for want, have in [(expected, got), *zip(expected_lru, got_lru), (expected_rwkv, got_rwkv), (expected_again, got_again)]:
+            torch.testing.assert_close(have, want, rtol=0, atol=0)
+            checked += 1
+    assert checked == 15
+    assert (modeling_mamba.mamba_selective_scan, rglru._rnn_scan, modeling_rwkv.rwkv_linear_attention_cpu) == originals  # restored

@@ -751,3 +751,22 @@ def test_multi_output_rewrite_does_not_walk_the_graph_per_node(monkeypatch):
     patched_walks, patched_ops = optimize(patched=True)
     assert patched_ops == plain_ops and plain_ops.count("Sin") == 400
     assert plain_walks > 400 > 40 > patched_walks  # one walk per node tried before, a handful now
+
+
+def test_selective_scan_exports_as_an_onnx_scan_with_a_dynamic_length(tmp_path: Path) -> None:
+    """Mamba's selective scan, a scan op after the Dynamo patch, becomes an ONNX ``Scan`` whose length
+    follows the input: onnxruntime matches eager at the export length and at a longer one."""
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("FalconMambaModel")
+    inputs = build_inputs(model)
+    exporter = OnnxExporter()
+    program = exporter.export(model, inputs, OnnxConfig(dynamic=True))
+    assert exporter.static_axes == []
+    assert sum(node.op_type == "Scan" for node in program.model.graph.all_nodes()) == model.config.num_hidden_layers
+    other = resized_inputs(exporter.exported_program, inputs)
+    assert other["input_ids"].shape[1] > inputs["input_ids"].shape[1]
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, other], atol=exporter.default_atol)
+    assert [r.ok for r in reports] == [True, True]
+    assert max(r.max_abs_diff for r in reports) < 1e-5

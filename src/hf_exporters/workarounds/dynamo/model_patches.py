@@ -1139,3 +1139,169 @@ def _patch_streaming_conv_padding_from_ints(_original: Any) -> Any:
         return self.conv(hidden_states)
 
     return forward
+
+
+def _linear_recurrence(decay: torch.Tensor, drive: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``state = decay[t] * state + drive[t]`` for each position ``t``, as one
+    ``torch.ops.higher_order.scan`` (a symbolic length under export, ONNX ``Scan``, an ExecuTorch loop).
+
+    Shapes: ``decay``, ``drive`` (length, *S); ``state`` (*S), the state before position 0. Returns the
+    last state (*S) and every position's state (length, *S), in the dtype of ``decay * state + drive``.
+    """
+    from torch._higher_order_ops.scan import scan
+
+    def step(state: torch.Tensor, position: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        decay, drive = position
+        state = decay * state + drive
+        return state, state.clone()  # a scan output may not alias the carry
+
+    state = state.to(torch.result_type(decay, drive))
+    return scan(step, state, [decay, drive])
+
+
+_SELECTIVE_SCANS = tuple(
+    f"transformers.models.{family}.modeling_{family}.mamba_selective_scan" for family in ("mamba", "falcon_mamba", "jamba", "zamba")
+)
+
+
+@register_patch("dynamo", *_SELECTIVE_SCANS, loaded_only=True)
+def _patch_selective_scan_as_scan_op(_original: Any) -> Any:
+    """Mamba's selective scan (the reference path, without the ``mamba_ssm`` kernel) as one
+    ``torch.ops.higher_order.scan`` over the sequence instead of a Python loop.
+
+    Pattern: ``for index in range(seq_len)`` updating the SSM state one position at a time. Under
+    export the loop is unrolled, so the sequence length is fixed by the loop count ("axes asked to
+    be dynamic ended static: input_ids[axis 1]") and the graph grows with the length. The scan op
+    runs the same step per position with a symbolic length; torch.onnx translates it to ONNX
+    ``Scan`` and ExecuTorch emits it as a loop. transformers' own alternative,
+    ``use_associative_scan``, is off under export because its op has no ONNX translation.
+
+    Shapes: ``hidden_states``, ``dt``, ``z`` (batch, intermediate, length); ``A`` (intermediate,
+    state); ``B``, ``C`` (batch, state, length); ``D``, ``delta_bias`` (intermediate,). Returns
+    (batch, intermediate, length) and, with ``return_last_state``, the state (batch, intermediate,
+    state). Same state update per step as the loop (float32); the readout by ``C`` is one matmul over all states, in the input dtype.
+    Models: MambaModel, FalconMambaModel, JambaModel, ZambaModel and their heads.
+    Upstream: transformers models/mamba/modeling_mamba.py (``mamba_selective_scan``, copied into
+        falcon_mamba, jamba and zamba); pytorch/pytorch#125180 (loops over a sequence length under export)
+    Remove when: the reference path uses a scan op under export (or the associative scan gets an
+        ONNX translation).
+    """
+    def mamba_selective_scan(
+        hidden_states: torch.Tensor,
+        dt: torch.Tensor,
+        A: torch.Tensor,
+        B: torch.Tensor,
+        C: torch.Tensor,
+        D: torch.Tensor | None = None,
+        z: torch.Tensor | None = None,
+        delta_bias: torch.Tensor | None = None,
+        delta_softplus: bool = False,
+        return_last_state: bool = False,
+        **_kernel_options: Any,
+    ) -> Any:
+        input_dtype = hidden_states.dtype
+        if delta_bias is not None:
+            dt = dt + delta_bias.to(dt.dtype)[..., None]
+        if delta_softplus:
+            dt = torch.nn.functional.softplus(dt)
+        # length first for the scan: decay, drive (length, batch, intermediate, state)
+        decay = torch.exp(A[None, :, None, :] * dt[..., None]).permute(2, 0, 1, 3)
+        drive = (dt[..., None] * B.transpose(1, 2)[:, None].float() * hidden_states[..., None].float()).permute(2, 0, 1, 3)
+        state = torch.zeros(hidden_states.shape[0], hidden_states.shape[1], A.shape[-1], dtype=input_dtype, device=hidden_states.device)
+        state, states = _linear_recurrence(decay, drive, state)
+        # states (length, batch, intermediate, state) read out by C (batch, state, length): (batch, intermediate, length)
+        out = torch.matmul(states.permute(1, 0, 2, 3).to(input_dtype), C.transpose(1, 2)[..., None])[..., 0].transpose(1, 2)
+        if D is not None:
+            out = out + hidden_states * D[None, :, None]
+        if z is not None:
+            out = out * torch.nn.functional.silu(z)
+        return (out, state) if return_last_state else out
+
+    return mamba_selective_scan
+
+
+@register_patch("dynamo", "transformers.models.recurrent_gemma.modeling_recurrent_gemma.RecurrentGemmaRglru._rnn_scan", loaded_only=True)
+def _patch_rglru_scan_as_scan_op(original: Any) -> Any:
+    """RecurrentGemma's RG-LRU recurrence over a prompt as one ``torch.ops.higher_order.scan``
+    (:func:`_linear_recurrence`) instead of a Python loop.
+
+    Pattern: ``for t in range(hidden_states.shape[1])`` over the sequence: under export the loop is
+    unrolled and fixes the length ("axes asked to be dynamic ended static: input_ids[axis 1]"). Same
+    arithmetic per step (``a_t * h + x_t`` accumulated in ``acc_dtype``); a one-token call (decoding)
+    keeps transformers' own path.
+    Shapes: ``hidden_states`` (batch, length, lru_width); ``recurrent_gate``, ``reset`` broadcastable to
+    it; ``recurrent_states`` (batch, lru_width) or None. Returns (batch, length, lru_width) in the
+    input dtype and the last state (batch, lru_width) in ``acc_dtype``.
+    Models: RecurrentGemmaModel, RecurrentGemmaForCausalLM.
+    Upstream: transformers models/recurrent_gemma/modeling_recurrent_gemma.py (``RecurrentGemmaRglru._rnn_scan``);
+        pytorch/pytorch#125180 (loops over a sequence length under export)
+    Remove when: the prompt path uses a scan op (or a parallel scan) under export.
+    """
+
+    def _rnn_scan(
+        self: Any,
+        hidden_states: torch.Tensor,
+        recurrent_gate: torch.Tensor,
+        reset: torch.Tensor,
+        recurrent_states: torch.Tensor | None,
+        acc_dtype: torch.dtype = torch.float32,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if hidden_states.shape[1] == 1:
+            return original(self, hidden_states, recurrent_gate, reset, recurrent_states, acc_dtype)
+        decay = (recurrent_gate * ~reset).type(acc_dtype).expand_as(hidden_states).transpose(0, 1)
+        if recurrent_states is None:
+            recurrent_states = torch.zeros(hidden_states[:, 0].shape, dtype=acc_dtype, device=hidden_states.device)
+        last, states = _linear_recurrence(decay, hidden_states.type(acc_dtype).transpose(0, 1), recurrent_states.to(acc_dtype))
+        return states.transpose(0, 1).type(hidden_states.dtype), last
+
+    return _rnn_scan
+
+
+@register_patch("dynamo", "transformers.models.rwkv.modeling_rwkv.rwkv_linear_attention_cpu", loaded_only=True)
+def _patch_rwkv_attention_as_scan_op(_original: Any) -> Any:
+    """RWKV's linear attention (the CPU path) as one ``torch.ops.higher_order.scan`` over the sequence
+    instead of a Python loop.
+
+    Pattern: ``for current_index in range(seq_length)`` updating the (numerator, denominator, max)
+    state and writing ``output[:, current_index]``: under export the loop is unrolled and fixes the
+    length ("axes asked to be dynamic ended static: input_ids[axis 1]"). The same max-stabilised
+    arithmetic per step, in float32 as in the loop.
+    Shapes: ``time_decay``, ``time_first`` (hidden,); ``key``, ``value`` (batch, length, hidden);
+    ``state`` three (batch, hidden) tensors or None. Returns the output (batch, length, hidden) in
+    ``key``'s dtype and the state (with ``return_state`` or a given state) else None.
+    Models: RwkvModel, RwkvForCausalLM.
+    Upstream: transformers models/rwkv/modeling_rwkv.py (``rwkv_linear_attention_cpu``);
+        pytorch/pytorch#125180 (loops over a sequence length under export)
+    Remove when: the CPU path uses a scan op under export.
+    """
+    from torch._higher_order_ops.scan import scan
+
+    def rwkv_linear_attention_cpu(
+        time_decay: torch.Tensor,
+        time_first: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        state: list[torch.Tensor] | None = None,
+        return_state: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        given_state = state is not None
+        if state is None:
+            zeros = torch.zeros_like(key[:, 0], dtype=torch.float32)
+            state = [zeros, zeros.clone(), zeros - 1e38]
+        decay = -torch.exp(time_decay)
+
+        def step(carry: list[torch.Tensor], position: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+            numerator, denominator, largest = carry
+            k, v = position
+            k = k.float()
+            top = torch.maximum(largest, k + time_first)
+            e1, e2 = torch.exp(largest - top), torch.exp(k + time_first - top)
+            out = ((e1 * numerator + e2 * v) / (e1 * denominator + e2)).to(key.dtype)
+            top = torch.maximum(largest + decay, k)
+            e1, e2 = torch.exp(largest + decay - top), torch.exp(k - top)
+            return [e1 * numerator + e2 * v, e1 * denominator + e2, top], out
+
+        state, output = scan(step, list(state), [key.transpose(0, 1), value.transpose(0, 1)])
+        return output.transpose(0, 1), (list(state) if return_state or given_state else None)
+
+    return rwkv_linear_attention_cpu
