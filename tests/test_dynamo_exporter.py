@@ -918,3 +918,35 @@ def test_recurrence_scans_equal_the_loops():
             checked += 1
     assert checked == 15
     assert (modeling_mamba.mamba_selective_scan, rglru._rnn_scan, modeling_rwkv.rwkv_linear_attention_cpu) == originals  # restored
+
+
+def test_cpmant_mask_keeps_the_length_dynamic(tmp_path):
+    """CPM-Ant builds its left-padding positions from a Python list over the length, which fixes it
+    under export; from ``arange`` the mask is the same, bit for bit, and the length stays dynamic."""
+    from transformers.models.cpmant.modeling_cpmant import CpmAntModel
+
+    from hf_exporters.registry import apply_patches
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("CpmAntModel")
+    torch.manual_seed(0)
+    for batch, length in ((1, 1), (2, 5), (3, 12)):
+        input_ids = torch.zeros(batch, length + model.prompt_length, dtype=torch.long)
+        span = torch.randint(0, 2, input_ids.shape).cummax(1).values
+        context = torch.rand(input_ids.shape) < 0.5
+        lengths = torch.randint(0, length + 1, (batch,))
+        expected = CpmAntModel._prepare_attention_mask(model, input_ids, span, context, lengths)
+        with apply_patches("dynamo"):
+            assert CpmAntModel._prepare_attention_mask(model, input_ids, span, context, lengths).equal(expected)
+    inputs = build_inputs(model)
+    with without_workarounds("_patch_cpmant_mask_positions_from_arange"):
+        exporter = DynamoExporter()
+        exporter.export(model, inputs, DynamoConfig(dynamic=True))
+        assert StaticAxis("input_ids", 1, inputs["input_ids"].shape[1]) in exporter.static_axes
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    assert exporter.static_axes == []
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, resized_inputs(program, inputs)], atol=1e-4)
+    assert [r.ok for r in reports] == [True, True]
+    assert max(r.max_abs_diff for r in reports) < 1e-5

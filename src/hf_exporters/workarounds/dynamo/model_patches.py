@@ -1305,3 +1305,35 @@ def _patch_rwkv_attention_as_scan_op(_original: Any) -> Any:
         return output.transpose(0, 1), (list(state) if return_state or given_state else None)
 
     return rwkv_linear_attention_cpu
+
+
+@register_patch("dynamo", "transformers.models.cpmant.modeling_cpmant.CpmAntModel._prepare_attention_mask", loaded_only=True)
+def _patch_cpmant_mask_positions_from_arange(_original: Any) -> Any:
+    """CPM-Ant's attention mask with the left-padding positions from ``torch.arange`` instead of a
+    Python list over the sequence.
+
+    Pattern: ``torch.tensor(list(range(seqlen - self.prompt_length))[::-1])``: building the list reads
+    the symbolic length as an int and fixes it ("axes asked to be dynamic ended static:
+    input_ids[axis 1]"). ``arange`` counting down gives the same positions; the rest of the mask
+    (causal within a context, same span only, left padding by ``length``) is the method's own.
+    Shapes: ``input_ids``, ``span``, ``context`` (batch, length); ``length`` (batch,). Returns a boolean
+    (batch, length, length) mask.
+    Models: CpmAntModel, CpmAntForCausalLM.
+    Upstream: transformers models/cpmant/modeling_cpmant.py (``CpmAntModel._prepare_attention_mask``)
+    Remove when: the method builds the positions with ``torch.arange``.
+    """
+
+    def _prepare_attention_mask(
+        self: Any, input_ids: torch.Tensor, span: torch.Tensor, context: torch.Tensor, length: torch.Tensor
+    ) -> torch.Tensor:
+        batch, seqlen = input_ids.shape[:2]
+        positions = torch.arange(seqlen, device=input_ids.device)
+        causal = positions[None, :] <= positions[:, None]
+        mask = context[:, None, :] | (context[:, :, None].logical_not() & causal[None])
+        mask = mask & (span[:, None, :] == span[:, :, None])
+        # left padding: prompt positions always count, then positions seqlen - prompt - 1 ... 0 against length
+        from_end = torch.arange(seqlen - self.prompt_length - 1, -1, -1, device=input_ids.device)
+        kept = torch.cat((torch.ones(batch, self.prompt_length, dtype=torch.bool, device=input_ids.device), from_end[None, :] < length[:, None]), dim=1)
+        return kept[:, :, None] & kept[:, None, :] & mask
+
+    return _prepare_attention_mask
