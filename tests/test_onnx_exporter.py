@@ -770,3 +770,28 @@ def test_selective_scan_exports_as_an_onnx_scan_with_a_dynamic_length(tmp_path: 
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, other], atol=exporter.default_atol)
     assert [r.ok for r in reports] == [True, True]
     assert max(r.max_abs_diff for r in reports) < 1e-5
+
+
+class _ThreeStreams(torch.nn.Module):
+    """ProphetNet's pattern: one sequence holding three streams, cut with ``chunk`` along a dynamic axis."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        main, first, second = x.chunk(3, dim=1)
+        return main * 2 + first - second
+
+
+def test_split_by_a_size_known_at_run_time_survives_constant_folding(tmp_path: Path) -> None:
+    """``chunk`` along a dynamic axis splits by a size computed in the graph (``SplitToSequence`` with a
+    0-d split); onnxscript's folding of it fails the whole optimize step without the patch. With it the
+    node stays, and onnxruntime matches eager at two lengths."""
+    inputs = {"x": torch.randn(2, 12, 4)}
+    with without_workarounds("_patch_split_to_sequence_folding_skips_a_runtime_split"):
+        with pytest.raises(ExportStageError, match=r"lowering \(torch.onnx.export\) failed: PassError"):
+            OnnxExporter().export(_ThreeStreams(), inputs, OnnxConfig(dynamic=True))
+    exporter = OnnxExporter()
+    program = exporter.export(_ThreeStreams(), inputs, OnnxConfig(dynamic=True))
+    assert [n.op_type for n in program.model.graph.all_nodes()].count("SplitToSequence") == 1
+    runner = exporter.load_runner(exporter.save(program, tmp_path))
+    reports = check_parity(_ThreeStreams(), runner, [inputs, {"x": torch.randn(3, 21, 4)}], atol=1e-6)
+    assert [r.ok for r in reports] == [True, True]
+    assert max(r.max_abs_diff for r in reports) == 0.0

@@ -353,7 +353,7 @@ def apply_patches(backend: str, select: Callable[[str], bool] | None = None) -> 
                 done = _install(workaround.target, workaround.func)
                 if done is not None:
                     installed.append(done)
-            yield [f"{i.owner.__name__}.{i.attribute}" for i in installed]
+            yield [f"{getattr(i.owner, '__name__', type(i.owner).__name__)}.{i.attribute}" for i in installed]
         finally:
             for item in reversed(installed):
                 item.restore()

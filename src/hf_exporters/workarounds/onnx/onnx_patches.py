@@ -161,3 +161,43 @@ def _patch_multi_output_match_checks_the_first_node_first(original: Any) -> Any:
         return original(self, model, graph_or_function, node, **kwargs)
 
     return match
+
+
+@registry.register_patch("onnx", "onnxscript.optimizer._constant_folding.registry.op_evaluators")
+def _patch_split_to_sequence_folding_skips_a_runtime_split(original: dict[Any, Any]) -> dict[Any, Any]:
+    """Constant folding leaves a ``SplitToSequence`` alone when its ``split`` input is a scalar known
+    only at run time.
+
+    Pattern: ``torch.split(x, size)`` with a symbolic ``size`` (ProphetNet's n-gram streams, split by the
+    sequence length, exported with a dynamic length) becomes ``SplitToSequence(x, size)`` with a 0-d
+    ``size`` computed in the graph. onnxscript 0.7.2's folding of ``SplitToSequence`` knows the split's
+    shape (a scalar) but not its value, takes neither the 1-D branch nor a None check, and reads
+    ``split_value.ndim`` on None: the whole optimize step fails ("Error during constant folding for
+    node ... (::SplitToSequence)", ``AttributeError: 'NoneType' object has no attribute 'ndim'``).
+    The patch gives the optimizer a copy of its evaluator table in which ``SplitToSequence``'s
+    evaluators return "no change" for exactly that case (value unknown, shape not 1-D) and run as
+    before otherwise; the node then stays, and onnxruntime runs it.
+    Models: ProphetNetModel, ProphetNetForConditionalGeneration (onnx dynamic in the sweep).
+    Upstream: microsoft/onnxscript onnxscript/optimizer/_constant_folding.py (``split_to_sequence``),
+        in onnxscript 0.7.2; no report found
+    Remove when: ``split_to_sequence`` returns None when ``split_value`` is None.
+    """
+    from onnxscript.optimizer import _constant_folding as folding
+
+    def guarded(evaluator: Any) -> Any:
+        @functools.wraps(evaluator)
+        def split_to_sequence(node: Any, op: Any, state: Any) -> Any:
+            split = node.inputs[1] if len(node.inputs) > 1 else None
+            if split is not None and folding._get_numpy_value(split) is None:
+                shape = split.shape
+                if shape is not None and shape.is_static() and len(shape) != 1:
+                    return None
+            return evaluator(node, op, state)
+
+        return split_to_sequence
+
+    table = dict(original)
+    key = ("", "SplitToSequence")
+    if key in table:
+        table[key] = [folding.PartialEvaluator(e.min_version, e.max_version, guarded(e.function)) for e in table[key]]
+    return table
