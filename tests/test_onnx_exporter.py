@@ -795,3 +795,27 @@ def test_split_by_a_size_known_at_run_time_survives_constant_folding(tmp_path: P
     reports = check_parity(_ThreeStreams(), runner, [inputs, {"x": torch.randn(3, 21, 4)}], atol=1e-6)
     assert [r.ok for r in reports] == [True, True]
     assert max(r.max_abs_diff for r in reports) == 0.0
+
+
+class _ReturnsItsSides(torch.nn.Module):
+    """A model that returns the sides of its feature map next to it, as MaskFormer's Swin backbone does."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, Any]:
+        pooled = torch.nn.functional.avg_pool2d(x, 2)
+        return {"pooled": pooled, "sides": (pooled.shape[-2], pooled.shape[-1]), "total": pooled.sum(-1)}
+
+
+def test_size_outputs_are_not_onnx_outputs(tmp_path: Path) -> None:
+    """Sizes a model returns are Python ints in eager and constants in a static export; a dynamic export
+    leaves them out of the ONNX outputs too, so both exports have eager's tensor outputs, in order."""
+    inputs = {"x": torch.randn(2, 3, 8, 10)}
+    for dynamic in (False, True):
+        exporter = OnnxExporter()
+        program = exporter.export(_ReturnsItsSides(), inputs, OnnxConfig(dynamic=dynamic))
+        kinds = [type(s.arg).__name__ for s in exporter.exported_program.graph_signature.output_specs]
+        assert kinds == (["TensorArgument", "SymIntArgument", "SymIntArgument", "TensorArgument"] if dynamic else ["TensorArgument", "ConstantArgument", "ConstantArgument", "TensorArgument"])
+        assert [o.name for o in program.model.graph.outputs] == ["pooled", "total"]
+        runner = exporter.load_runner(exporter.save(program, tmp_path / str(dynamic)))
+        others = [{"x": torch.randn(3, 3, 12, 6)}] if dynamic else []
+        reports = check_parity(_ReturnsItsSides(), runner, [inputs, *others], atol=1e-6)
+        assert all(r.ok and r.max_abs_diff < 1e-6 for r in reports) and len(reports) == 1 + dynamic

@@ -175,6 +175,7 @@ class OnnxExporter(DynamoExporter):
 
         with stage(self.name, "output names"):
             name_graph_outputs(program.model, output_names(exported))
+            drop_size_outputs(program.model, exported)
 
         if config.output_path:
             with stage(self.name, "save"):
@@ -245,6 +246,30 @@ def record_decomposition_fixes(count: int) -> None:
     """Called by the Stage 2 hook with the number of nodes the FX node fixes consumed after decomposition."""
     if _DECOMPOSITION_FIX_COUNTER:
         _DECOMPOSITION_FIX_COUNTER[-1].fx_fixes_applied += count
+
+
+def drop_size_outputs(model: Any, exported: torch.export.ExportedProgram) -> int:
+    """Remove the graph outputs that are sizes (a ``SymInt``/``SymFloat``/``SymBool`` user output of the
+    dynamic program, as a model returns its feature-map sides) and the nodes only they used; return how
+    many were removed.
+
+    Eager returns such an output as a Python number, and a static export folds it into a constant that
+    is no output, so the ONNX model of either export has the same outputs: the tensors, in flatten
+    order. Left in, a dynamic model would add one int64 scalar per size (MaskFormer's Swin backbone: ten).
+    """
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+    from torch.export.graph_signature import OutputKind, SymBoolArgument, SymFloatArgument, SymIntArgument
+
+    user = [s for s in exported.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    outputs = model.graph.outputs
+    if len(user) != len(outputs):
+        return 0
+    drop = [i for i, spec in enumerate(user) if isinstance(spec.arg, (SymIntArgument, SymFloatArgument, SymBoolArgument))]
+    for index in reversed(drop):
+        outputs.pop(index)
+    if drop:
+        RemoveUnusedNodesPass()(model)
+    return len(drop)
 
 
 def name_graph_outputs(model: Any, names: list[str]) -> None:
