@@ -879,8 +879,9 @@ def test_recurrences_over_the_sequence_keep_the_length_dynamic(tmp_path, model_c
 
 def test_recurrence_scans_equal_the_loops():
     """The scan replacements give the loops' numbers, bit for bit, with and without a given state,
-    at lengths 2 to 9 (Mamba's selective scan with its bias, softplus, D and gate; the RG-LRU with
-    document resets; RWKV with its returned state)."""
+    at lengths 2, 3 and 9 (Mamba's selective scan with its bias, softplus, D and gate; the RG-LRU with
+    document resets; RWKV with its returned state), and in bfloat16 (a float32 state from bf16 inputs;
+    RWKV given a bf16 state, which the loop promotes)."""
     from transformers.models.mamba import modeling_mamba
     from transformers.models.recurrent_gemma import modeling_recurrent_gemma
     from transformers.models.rwkv import modeling_rwkv
@@ -917,6 +918,17 @@ def test_recurrence_scans_equal_the_loops():
             torch.testing.assert_close(have, want, rtol=0, atol=0)
             checked += 1
     assert checked == 15
+    x, dt, z = (t.bfloat16() for t in (x, dt, z))
+    B, C = B.bfloat16(), C.bfloat16()
+    expected = modeling_mamba.mamba_selective_scan(x, dt, A, B, C, **{**options, "z": z})
+    bf16_state = [t.bfloat16() for t in carried]
+    expected_rwkv = modeling_rwkv.rwkv_linear_attention_cpu(time_decay, time_first, key.bfloat16(), value.bfloat16(), state=list(bf16_state))
+    with apply_patches("dynamo"):
+        got = modeling_mamba.mamba_selective_scan(x, dt, A, B, C, **{**options, "z": z})
+        got_rwkv = modeling_rwkv.rwkv_linear_attention_cpu(time_decay, time_first, key.bfloat16(), value.bfloat16(), state=list(bf16_state))
+    assert [t.dtype for t in got] == [t.dtype for t in expected] and got_rwkv[1][0].dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close(got_rwkv, expected_rwkv, rtol=0, atol=0)
     assert (modeling_mamba.mamba_selective_scan, rglru._rnn_scan, modeling_rwkv.rwkv_linear_attention_cpu) == originals  # restored
 
 
@@ -934,11 +946,14 @@ def test_cpmant_mask_keeps_the_length_dynamic(tmp_path):
     for batch, length in ((1, 1), (2, 5), (3, 12)):
         input_ids = torch.zeros(batch, length + model.prompt_length, dtype=torch.long)
         span = torch.randint(0, 2, input_ids.shape).cummax(1).values
-        context = torch.rand(input_ids.shape) < 0.5
-        lengths = torch.randint(0, length + 1, (batch,))
-        expected = CpmAntModel._prepare_attention_mask(model, input_ids, span, context, lengths)
+        context = (torch.rand(input_ids.shape) < 0.5).int()  # the model passes int32
+        lengths = torch.randint(0, length + 1, (batch,), dtype=torch.int32)
+        original = CpmAntModel._prepare_attention_mask
+        expected = original(model, input_ids, span, context, lengths)
         with apply_patches("dynamo"):
-            assert CpmAntModel._prepare_attention_mask(model, input_ids, span, context, lengths).equal(expected)
+            assert CpmAntModel._prepare_attention_mask is not original
+            got = CpmAntModel._prepare_attention_mask(model, input_ids, span, context, lengths)
+        assert got.dtype == expected.dtype and got.equal(expected)
     inputs = build_inputs(model)
     with without_workarounds("_patch_cpmant_mask_positions_from_arange"):
         exporter = DynamoExporter()
@@ -948,5 +963,68 @@ def test_cpmant_mask_keeps_the_length_dynamic(tmp_path):
     program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
     assert exporter.static_axes == []
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, resized_inputs(program, inputs)], atol=1e-4)
+    assert [r.ok for r in reports] == [True, True]
+    assert max(r.max_abs_diff for r in reports) < 1e-5
+
+
+def test_funnel_positions_pool_like_the_lists():
+    """:class:`_Positions` answers Funnel's list operations (``[0]``, ``[-1]``, ``[1:]``, ``[1:-1]``,
+    ``[::2]``, ``[cls] + ...``, its size) as the Python list would, through every block's pooling for
+    lengths 2 to 40, with and without a separate <cls> and truncation; ``relative_pos`` gives the same
+    distances from either."""
+    from types import SimpleNamespace
+
+    from transformers.models.funnel.modeling_funnel import FunnelAttentionStructure
+
+    from hf_exporters.registry import apply_patches
+    from hf_exporters.workarounds.dynamo.model_patches import _Positions
+
+    def as_list(p):
+        return list(p.prefix) + [p.start + i * p.step for i in range(p.count)]
+
+    original_relative_pos = FunnelAttentionStructure.relative_pos
+    checked = 0
+    with apply_patches("dynamo"):
+        for separate_cls in (True, False):
+            for truncate_seq in (True, False):
+                owner = SimpleNamespace(config=SimpleNamespace(separate_cls=separate_cls, truncate_seq=truncate_seq))
+                for length in range(2, 41):
+                    listed, kept = list(range(length)), _Positions((), 0, 1, length)
+                    for block in range(1, 4):
+                        pooled_list = FunnelAttentionStructure.stride_pool_pos(owner, listed, block)
+                        pooled = FunnelAttentionStructure.stride_pool_pos(owner, kept, block)
+                        if not pooled_list:
+                            break
+                        assert as_list(pooled) == pooled_list and pooled.size() == len(pooled_list)
+                        assert (pooled[0], pooled[-1]) == (pooled_list[0], pooled_list[-1])
+                        for args in ((listed, 2 ** (block - 1), pooled_list, 2), (pooled_list, 2**block, None, 1)):
+                            want = original_relative_pos(None, *args)
+                            as_positions = [kept if a is listed else pooled if a is pooled_list else a for a in args]
+                            assert FunnelAttentionStructure.relative_pos(None, *as_positions).equal(want)
+                            checked += 1
+                        listed, kept = pooled_list, pooled
+    assert checked > 600
+    assert FunnelAttentionStructure.relative_pos is original_relative_pos
+
+
+def test_funnel_keeps_the_length_dynamic(tmp_path):
+    """With its positions kept as numbers, Funnel exports with a dynamic length and matches eager at
+    the export length and a longer one."""
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("FunnelModel")
+    inputs = build_inputs(model)
+    length = inputs["input_ids"].shape[1]
+    with without_workarounds("_patch_funnel_positions_symbolic"):
+        exporter = DynamoExporter()
+        exporter.export(model, inputs, DynamoConfig(dynamic=True))
+        assert StaticAxis("input_ids", 1, length) in exporter.static_axes
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    assert exporter.static_axes == []
+    other = resized_inputs(program, inputs)
+    assert other["input_ids"].shape[1] > length
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, other], atol=1e-4)
     assert [r.ok for r in reports] == [True, True]
     assert max(r.max_abs_diff for r in reports) < 1e-5

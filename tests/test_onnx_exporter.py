@@ -791,6 +791,8 @@ def test_split_by_a_size_known_at_run_time_survives_constant_folding(tmp_path: P
     exporter = OnnxExporter()
     program = exporter.export(_ThreeStreams(), inputs, OnnxConfig(dynamic=True))
     assert [n.op_type for n in program.model.graph.all_nodes()].count("SplitToSequence") == 1
+    static = OnnxExporter().export(_ThreeStreams(), inputs, OnnxConfig(dynamic=False))
+    assert "SplitToSequence" not in [n.op_type for n in static.model.graph.all_nodes()]  # a known split still folds
     runner = exporter.load_runner(exporter.save(program, tmp_path))
     reports = check_parity(_ThreeStreams(), runner, [inputs, {"x": torch.randn(3, 21, 4)}], atol=1e-6)
     assert [r.ok for r in reports] == [True, True]
@@ -802,18 +804,20 @@ class _ReturnsItsSides(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> dict[str, Any]:
         pooled = torch.nn.functional.avg_pool2d(x, 2)
-        return {"pooled": pooled, "sides": (pooled.shape[-2], pooled.shape[-1]), "total": pooled.sum(-1)}
+        return {"pooled": pooled, "sides": (pooled.shape[-2], pooled.shape[-1]), "total": pooled.sum(-1), "stride": 2}
 
 
 def test_size_outputs_are_not_onnx_outputs(tmp_path: Path) -> None:
     """Sizes a model returns are Python ints in eager and constants in a static export; a dynamic export
-    leaves them out of the ONNX outputs too, so both exports have eager's tensor outputs, in order."""
+    leaves them out of the ONNX outputs too, next to a size that stays constant, so both exports have
+    eager's tensor outputs, in order."""
     inputs = {"x": torch.randn(2, 3, 8, 10)}
     for dynamic in (False, True):
         exporter = OnnxExporter()
         program = exporter.export(_ReturnsItsSides(), inputs, OnnxConfig(dynamic=dynamic))
         kinds = [type(s.arg).__name__ for s in exporter.exported_program.graph_signature.output_specs]
-        assert kinds == (["TensorArgument", "SymIntArgument", "SymIntArgument", "TensorArgument"] if dynamic else ["TensorArgument", "ConstantArgument", "ConstantArgument", "TensorArgument"])
+        sides = "SymIntArgument" if dynamic else "ConstantArgument"
+        assert kinds == ["TensorArgument", sides, sides, "TensorArgument", "ConstantArgument"]
         assert [o.name for o in program.model.graph.outputs] == ["pooled", "total"]
         runner = exporter.load_runner(exporter.save(program, tmp_path / str(dynamic)))
         others = [{"x": torch.randn(3, 3, 12, 6)}] if dynamic else []

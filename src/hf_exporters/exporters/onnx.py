@@ -250,21 +250,28 @@ def record_decomposition_fixes(count: int) -> None:
 
 def drop_size_outputs(model: Any, exported: torch.export.ExportedProgram) -> int:
     """Remove the graph outputs that are sizes (a ``SymInt``/``SymFloat``/``SymBool`` user output of the
-    dynamic program, as a model returns its feature-map sides) and the nodes only they used; return how
-    many were removed.
+    dynamic program, as a model returns its feature-map sides); return how many were removed.
 
     Eager returns such an output as a Python number, and a static export folds it into a constant that
     is no output, so the ONNX model of either export has the same outputs: the tensors, in flatten
     order. Left in, a dynamic model would add one int64 scalar per size (MaskFormer's Swin backbone: ten).
+    Constant user outputs are no graph outputs (torch.onnx leaves them out), so they are not counted;
+    an output is removed only when it is a scalar. Removing outputs runs onnx_ir's
+    ``RemoveUnusedNodesPass``, which drops every node and initializer no output needs (after the
+    optimizer there are none but the sizes' own).
     """
     from onnx_ir.passes.common import RemoveUnusedNodesPass
-    from torch.export.graph_signature import OutputKind, SymBoolArgument, SymFloatArgument, SymIntArgument
+    from torch.export.graph_signature import ConstantArgument, OutputKind, SymBoolArgument, SymFloatArgument, SymIntArgument
 
-    user = [s for s in exported.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    user = [s for s in exported.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT and not isinstance(s.arg, ConstantArgument)]
+    sizes = (SymIntArgument, SymFloatArgument, SymBoolArgument)
+    if not any(isinstance(spec.arg, sizes) for spec in user):
+        return 0
     outputs = model.graph.outputs
     if len(user) != len(outputs):
+        logger.warning("the ONNX graph has %d outputs for %d program outputs; its size outputs are kept", len(outputs), len(user))
         return 0
-    drop = [i for i, spec in enumerate(user) if isinstance(spec.arg, (SymIntArgument, SymFloatArgument, SymBoolArgument))]
+    drop = [i for i, spec in enumerate(user) if isinstance(spec.arg, sizes) and outputs[i].shape is not None and len(outputs[i].shape) == 0]
     for index in reversed(drop):
         outputs.pop(index)
     if drop:

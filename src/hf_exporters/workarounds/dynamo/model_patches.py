@@ -1179,10 +1179,13 @@ def _patch_selective_scan_as_scan_op(_original: Any) -> Any:
     Shapes: ``hidden_states``, ``dt``, ``z`` (batch, intermediate, length); ``A`` (intermediate,
     state); ``B``, ``C`` (batch, state, length); ``D``, ``delta_bias`` (intermediate,). Returns
     (batch, intermediate, length) and, with ``return_last_state``, the state (batch, intermediate,
-    state). Same state update per step as the loop (float32); the readout by ``C`` is one matmul over all states, in the input dtype.
+    state). Same state update per step as the loop (float32); the readout by ``C`` is one matmul over all
+    states, in the input dtype. Memory: every position's state is kept, (length, batch, intermediate,
+    state) in float32, the size of the discretised ``A`` the loop also builds; a readout inside the scan
+    step would keep less, but a matmul in the step body fails torch.onnx's decomposition of the scan.
     Models: MambaModel, FalconMambaModel, JambaModel, ZambaModel and their heads.
     Upstream: transformers models/mamba/modeling_mamba.py (``mamba_selective_scan``, copied into
-        falcon_mamba, jamba and zamba); pytorch/pytorch#125180 (loops over a sequence length under export)
+        falcon_mamba, jamba and zamba); pytorch/pytorch#105279 (a Python loop over a dynamic length specialises it)
     Remove when: the reference path uses a scan op under export (or the associative scan gets an
         ONNX translation).
     """
@@ -1234,7 +1237,7 @@ def _patch_rglru_scan_as_scan_op(original: Any) -> Any:
     input dtype and the last state (batch, lru_width) in ``acc_dtype``.
     Models: RecurrentGemmaModel, RecurrentGemmaForCausalLM.
     Upstream: transformers models/recurrent_gemma/modeling_recurrent_gemma.py (``RecurrentGemmaRglru._rnn_scan``);
-        pytorch/pytorch#125180 (loops over a sequence length under export)
+        pytorch/pytorch#105279 (a Python loop over a dynamic length specialises it)
     Remove when: the prompt path uses a scan op (or a parallel scan) under export.
     """
 
@@ -1271,7 +1274,7 @@ def _patch_rwkv_attention_as_scan_op(_original: Any) -> Any:
     ``key``'s dtype and the state (with ``return_state`` or a given state) else None.
     Models: RwkvModel, RwkvForCausalLM.
     Upstream: transformers models/rwkv/modeling_rwkv.py (``rwkv_linear_attention_cpu``);
-        pytorch/pytorch#125180 (loops over a sequence length under export)
+        pytorch/pytorch#105279 (a Python loop over a dynamic length specialises it)
     Remove when: the CPU path uses a scan op under export.
     """
     from torch._higher_order_ops.scan import scan
@@ -1288,6 +1291,8 @@ def _patch_rwkv_attention_as_scan_op(_original: Any) -> Any:
         if state is None:
             zeros = torch.zeros_like(key[:, 0], dtype=torch.float32)
             state = [zeros, zeros.clone(), zeros - 1e38]
+        else:  # the loop promotes a given state to float32 at its first step; the scan carry keeps one dtype
+            state = [s.to(torch.promote_types(s.dtype, torch.float32)) for s in state]
         decay = -torch.exp(time_decay)
 
         def step(carry: list[torch.Tensor], position: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -1316,10 +1321,11 @@ def _patch_cpmant_mask_positions_from_arange(_original: Any) -> Any:
     the symbolic length as an int and fixes it ("axes asked to be dynamic ended static:
     input_ids[axis 1]"). ``arange`` counting down gives the same positions; the rest of the mask
     (causal within a context, same span only, left padding by ``length``) is the method's own.
-    Shapes: ``input_ids``, ``span``, ``context`` (batch, length); ``length`` (batch,). Returns a boolean
-    (batch, length, length) mask.
+    Shapes: ``input_ids``, ``span``, ``context`` (batch, length); ``length`` (batch,). Returns the
+    (batch, length, length) mask in ``context``'s dtype (int32 from the model), as the method does.
     Models: CpmAntModel, CpmAntForCausalLM.
-    Upstream: transformers models/cpmant/modeling_cpmant.py (``CpmAntModel._prepare_attention_mask``)
+    Upstream: transformers models/cpmant/modeling_cpmant.py (``CpmAntModel._prepare_attention_mask``);
+        no report found
     Remove when: the method builds the positions with ``torch.arange``.
     """
 
@@ -1337,3 +1343,103 @@ def _patch_cpmant_mask_positions_from_arange(_original: Any) -> Any:
         return kept[:, :, None] & kept[:, None, :] & mask
 
     return _prepare_attention_mask
+
+
+class _Positions:
+    """Token positions ``prefix + [start, start + step, ..., start + (count - 1) * step]`` whose count may
+    be a ``SymInt``: the list Funnel builds with ``list(range(seq_len))`` and pools, kept as a few
+    numbers so that a symbolic length is never turned into a Python list.
+
+    Supports what Funnel's position code does with its lists: ``[0]``, ``[-1]``, ``[1:]``, ``[1:-1]``,
+    ``[::2]``, ``list + positions`` and :meth:`size` (``len``, which Python requires to be an int).
+    The progression part is assumed non-empty where ``[-1]`` or ``[1:-1]`` reads it, as for any
+    sequence Funnel pools.
+    """
+
+    def __init__(self, prefix: tuple[Any, ...], start: Any, step: Any, count: Any) -> None:
+        self.prefix, self.start, self.step, self.count = prefix, start, step, count
+
+    def size(self) -> Any:
+        return len(self.prefix) + self.count
+
+    def __radd__(self, other: list[Any]) -> _Positions:
+        return _Positions(tuple(other) + self.prefix, self.start, self.step, self.count)
+
+    def __getitem__(self, index: Any) -> Any:
+        if index == 0:
+            return self.prefix[0] if self.prefix else self.start
+        if index == -1:
+            return self.start + (self.count - 1) * self.step
+        if index == slice(1, None) or index == slice(1, -1):
+            rest = _Positions(self.prefix[1:], self.start, self.step, self.count) if self.prefix else _Positions((), self.start + self.step, self.step, self.count - 1)
+            return rest if index.stop is None else _Positions(rest.prefix, rest.start, rest.step, rest.count - 1)
+        if index == slice(None, None, 2):
+            skip = len(self.prefix) % 2  # the first progression element kept is at an even overall index
+            return _Positions(self.prefix[::2], self.start + skip * self.step, 2 * self.step, (self.count - skip + 1) // 2)
+        raise TypeError(f"Funnel positions: index {index!r} is not one the position code uses")
+
+
+@register_patch(
+    "dynamo",
+    "transformers.models.funnel.modeling_funnel.FunnelAttentionStructure.get_position_embeds",
+    "transformers.models.funnel.modeling_funnel.FunnelAttentionStructure.relative_pos",
+    loaded_only=True,
+)
+def _patch_funnel_positions_symbolic(original: Any) -> Any:
+    """Funnel's relative-shift position embeddings from a symbolic length: the positions are a
+    :class:`_Positions` instead of ``list(range(seq_len))``.
+
+    Pattern: ``get_position_embeds`` builds ``pos = list(range(seq_len))``, pools it per block
+    (``stride_pool_pos``: ``[cls] + pos[1:-1][::2]``) and gathers embeddings at
+    ``arange(max_dist, min_dist - 1, -stride)`` whose bounds ``relative_pos`` reads from the list's ends
+    and length. A Python list of a symbolic length fixes the length ("axes asked to be dynamic ended
+    static: input_ids[axis 1]"). With a ``SymInt`` length the patched ``get_position_embeds`` runs the
+    same steps on a :class:`_Positions` (``stride_pool_pos`` is transformers' own, which slices it like
+    a list) and ``relative_pos`` takes the bounds from its first and last values and size; an int
+    length and the factorized attention take transformers' path. Same positions, same embeddings.
+    Shapes: returns per block ``[no_pooling, pooling]`` embeddings, each (positions, d_model), the
+    first block's ``pooling`` None.
+    Models: FunnelModel, FunnelBaseModel and their heads.
+    Upstream: transformers models/funnel/modeling_funnel.py (``FunnelAttentionStructure.get_position_embeds``
+        keeps the positions as Python lists so that the arange sizes are static under export)
+    Remove when: the positions are computed from the length as integers, not as a list.
+    """
+    if original.__name__ == "relative_pos":
+
+        @functools.wraps(original)
+        def relative_pos(self: Any, pos: Any, stride: int, pooled_pos: Any = None, shift: int = 1, device: Any = None) -> torch.Tensor:
+            pooled_pos = pos if pooled_pos is None else pooled_pos
+            if not isinstance(pos, _Positions) and not isinstance(pooled_pos, _Positions):
+                return original(self, pos, stride, pooled_pos, shift, device)
+            count = pooled_pos.size() if isinstance(pooled_pos, _Positions) else len(pooled_pos)
+            max_dist = pooled_pos[0] - pos[0] + shift * count * stride
+            min_dist = pooled_pos[0] - pos[-1]
+            return torch.arange(max_dist, min_dist - 1, -stride, dtype=torch.long, device=device)
+
+        return relative_pos
+
+    @functools.wraps(original)
+    def get_position_embeds(self: Any, seq_len: Any, dtype: torch.dtype, device: Any) -> Any:
+        if not isinstance(seq_len, torch.SymInt) or self.config.attention_type == "factorized":
+            return original(self, seq_len, dtype, device)
+        d_model = self.config.d_model
+        inv_freq = 1 / (10000 ** (torch.arange(d_model // 2, dtype=torch.int64, device=device).to(dtype) / (d_model // 2)))
+        # relative distances -2 * seq_len ... 2 * seq_len - 1, row r at distance r - 2 * seq_len
+        sinusoid = torch.arange(-seq_len * 2, seq_len * 2, dtype=torch.int64, device=device).to(dtype)[:, None] * inv_freq[None]
+        table = torch.cat([self.sin_dropout(torch.sin(sinusoid)), self.cos_dropout(torch.cos(sinusoid))], dim=-1)
+
+        def embeds(distances: torch.Tensor) -> torch.Tensor:
+            return torch.gather(table, 0, (distances[:, None] + seq_len * 2).expand(-1, d_model))
+
+        pos = pooled = _Positions((), 0, 1, seq_len)
+        blocks = []
+        for block_index in range(self.config.num_blocks):
+            pooling = None
+            if block_index > 0:  # queries pooled, keys not
+                pooled = self.stride_pool_pos(pos, block_index)
+                pooling = embeds(self.relative_pos(pos, 2 ** (block_index - 1), pooled, shift=2, device=device))
+            pos = pooled
+            blocks.append([embeds(self.relative_pos(pos, 2**block_index, device=device)), pooling])
+        return blocks
+
+    return get_position_embeds
