@@ -1028,3 +1028,44 @@ def test_funnel_keeps_the_length_dynamic(tmp_path):
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, other], atol=1e-4)
     assert [r.ok for r in reports] == [True, True]
     assert max(r.max_abs_diff for r in reports) < 1e-5
+
+
+class _Recurrent(torch.nn.Module):
+    """A batch-first recurrent layer, as an RNN-T prediction network's core (two-layer LSTM) or a GRU."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.rnn = torch.nn.LSTM(4, 6, num_layers=2, batch_first=True) if kind == "lstm" else torch.nn.GRU(4, 5, batch_first=True)
+
+    def forward(self, x):
+        out, state = self.rnn(x)
+        return out, state[0] if isinstance(state, tuple) else state
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_recurrent_layers_keep_the_length_dynamic(tmp_path, kind):
+    """torch decomposes LSTM and GRU with a Python loop over time, which fixes the length under export;
+    the patch traces a dynamic export with torch's while_loop decompositions instead, and the .pt2 and
+    ONNX programs match eager at the export length and at a longer one."""
+    torch.manual_seed(0)
+    model = _Recurrent(kind).eval()
+    inputs = {"x": torch.randn(2, 5, 4)}
+    with without_workarounds("_patch_recurrent_layers_as_while_loops"):
+        exporter = DynamoExporter()
+        exporter.export(model, inputs, DynamoConfig(dynamic=True))
+        assert StaticAxis("x", 1, 5) in exporter.static_axes
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    assert exporter.static_axes == [StaticAxis("x", 2, 4)]  # the features meet the weights
+    longer = {"x": torch.randn(3, 11, 4)}
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, longer], atol=1e-5)
+    assert [r.ok for r in reports] == [True, True]
+    assert torch.export.export.__module__ == "torch.export"  # restored
+    pytest.importorskip("onnxruntime")
+    from hf_exporters import OnnxConfig
+    from hf_exporters.exporters.onnx import OnnxExporter
+
+    onnx = OnnxExporter()
+    runner = onnx.load_runner(onnx.save(onnx.export(model, inputs, OnnxConfig(dynamic=True)), tmp_path / "onnx"))
+    reports = check_parity(model, runner, [inputs, longer], atol=1e-5)
+    assert [r.ok for r in reports] == [True, True]

@@ -1443,3 +1443,45 @@ def _patch_funnel_positions_symbolic(original: Any) -> Any:
         return blocks
 
     return get_position_embeds
+
+
+@register_patch("dynamo", "torch.export.export")
+def _patch_recurrent_layers_as_while_loops(original: Any) -> Any:
+    """Trace ``nn.LSTM`` and ``nn.GRU`` as a ``while_loop`` over time when the export has dynamic shapes.
+
+    Pattern: torch's decomposition of ``aten.lstm``/``aten.gru`` iterates over the time steps in
+    Python (``for x in input.unbind(0)``), so under export the loop is unrolled and fixes the sequence
+    length ("axes asked to be dynamic ended static: decoder_input_ids[axis 1]" for an RNN-T
+    prediction network). torch ships while_loop-based decompositions for exactly this
+    (``torch.export._patches.register_lstm_while_loop_decomposition`` and the GRU one), which
+    torch.onnx enters around its own capture when given dynamic shapes; the DynamoExporter traces
+    first, so the patch enters them around a ``torch.export.export`` call with ``dynamic_shapes``. A
+    static export keeps the unrolled loop. Same cell arithmetic per step. The ops' cached kernel
+    choice is cleared around the trace, so an earlier trace in the process does not keep the loop.
+    Models: ParakeetForRNNT (.pt2 dynamic; its ONNX lowering then stops at a ``squeeze`` of the joint
+        output), and the other users of ``nn.LSTM``: ParakeetForTDT, NemotronAsrStreamingForRNNT,
+        the Nemotron 3.5 ASR RNN-T, EncodecModel's LSTM blocks.
+    Upstream: pytorch/pytorch torch/_decomp/decompositions.py (``one_layer_lstm`` loops in Python);
+        torch/export/_patches.py (the while_loop decompositions, opt-in)
+    Remove when: torch.export uses the while_loop decompositions for dynamic exports by default.
+    """
+    from torch.export._patches import register_gru_while_loop_decomposition, register_lstm_while_loop_decomposition
+
+    def forget_dispatch() -> None:
+        # an op caches the kernel it chose per dispatch key: an earlier trace in this process would
+        # keep the loop decomposition, and ours would outlive the block
+        for op in (torch.ops.aten.lstm.input, torch.ops.aten.gru.input):
+            op._dispatch_cache.clear()
+
+    @functools.wraps(original)
+    def export(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("dynamic_shapes"):
+            return original(*args, **kwargs)
+        forget_dispatch()
+        try:
+            with register_lstm_while_loop_decomposition(), register_gru_while_loop_decomposition():
+                return original(*args, **kwargs)
+        finally:
+            forget_dispatch()
+
+    return export
