@@ -856,6 +856,14 @@ def test_recurrences_over_the_sequence_keep_the_length_dynamic(tmp_path, model_c
     """A Python loop over the sequence (Mamba's selective scan, RecurrentGemma's RG-LRU, RWKV's linear
     attention) unrolls under export and fixes the length; as one scan op the length stays dynamic and
     the program matches eager at the export length and at a longer one."""
+    program = _length_stays_dynamic(tmp_path, model_class, workaround)
+    assert any(node.target is torch.ops.higher_order.scan for node in program.graph.nodes)
+
+
+def _length_stays_dynamic(tmp_path, model_class, workaround):
+    """The sweep's tiny ``model_class`` exported with a dynamic length: without ``workaround`` the
+    length axis ends static, with it no axis does and the program matches eager at the export length
+    and a longer one. Returns the program."""
     from hf_exporters.sweep.inputs import build_inputs
     from hf_exporters.sweep.job import build_model
 
@@ -869,12 +877,12 @@ def test_recurrences_over_the_sequence_keep_the_length_dynamic(tmp_path, model_c
     exporter = DynamoExporter()
     program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
     assert exporter.static_axes == []
-    assert any(node.target is torch.ops.higher_order.scan for node in program.graph.nodes)
     other = resized_inputs(program, inputs)
     assert other["input_ids"].shape[1] > length
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, other], atol=1e-4)
     assert [r.ok for r in reports] == [True, True]
     assert max(r.max_abs_diff for r in reports) < 1e-5
+    return program
 
 
 def test_recurrence_scans_equal_the_loops():
@@ -938,7 +946,6 @@ def test_cpmant_mask_keeps_the_length_dynamic(tmp_path):
     from transformers.models.cpmant.modeling_cpmant import CpmAntModel
 
     from hf_exporters.registry import apply_patches
-    from hf_exporters.sweep.inputs import build_inputs
     from hf_exporters.sweep.job import build_model
 
     model = build_model("CpmAntModel")
@@ -954,17 +961,7 @@ def test_cpmant_mask_keeps_the_length_dynamic(tmp_path):
             assert CpmAntModel._prepare_attention_mask is not original
             got = CpmAntModel._prepare_attention_mask(model, input_ids, span, context, lengths)
         assert got.dtype == expected.dtype and got.equal(expected)
-    inputs = build_inputs(model)
-    with without_workarounds("_patch_cpmant_mask_positions_from_arange"):
-        exporter = DynamoExporter()
-        exporter.export(model, inputs, DynamoConfig(dynamic=True))
-        assert StaticAxis("input_ids", 1, inputs["input_ids"].shape[1]) in exporter.static_axes
-    exporter = DynamoExporter()
-    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
-    assert exporter.static_axes == []
-    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, resized_inputs(program, inputs)], atol=1e-4)
-    assert [r.ok for r in reports] == [True, True]
-    assert max(r.max_abs_diff for r in reports) < 1e-5
+    _length_stays_dynamic(tmp_path, "CpmAntModel", "_patch_cpmant_mask_positions_from_arange")
 
 
 def test_funnel_positions_pool_like_the_lists():
@@ -1010,24 +1007,7 @@ def test_funnel_positions_pool_like_the_lists():
 def test_funnel_keeps_the_length_dynamic(tmp_path):
     """With its positions kept as numbers, Funnel exports with a dynamic length and matches eager at
     the export length and a longer one."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
-
-    model = build_model("FunnelModel")
-    inputs = build_inputs(model)
-    length = inputs["input_ids"].shape[1]
-    with without_workarounds("_patch_funnel_positions_symbolic"):
-        exporter = DynamoExporter()
-        exporter.export(model, inputs, DynamoConfig(dynamic=True))
-        assert StaticAxis("input_ids", 1, length) in exporter.static_axes
-    exporter = DynamoExporter()
-    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
-    assert exporter.static_axes == []
-    other = resized_inputs(program, inputs)
-    assert other["input_ids"].shape[1] > length
-    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, other], atol=1e-4)
-    assert [r.ok for r in reports] == [True, True]
-    assert max(r.max_abs_diff for r in reports) < 1e-5
+    _length_stays_dynamic(tmp_path, "FunnelModel", "_patch_funnel_positions_symbolic")
 
 
 class _Recurrent(torch.nn.Module):
