@@ -1041,7 +1041,7 @@ def test_recurrent_layers_keep_the_length_dynamic(tmp_path, kind):
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, longer], atol=1e-5)
     assert [r.ok for r in reports] == [True, True]
     assert torch.export.export.__module__ == "torch.export"  # restored
-    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime", reason="the ONNX half needs the onnx extra")
     from hf_exporters import OnnxConfig
     from hf_exporters.exporters.onnx import OnnxExporter
 
