@@ -1049,3 +1049,40 @@ def test_recurrent_layers_keep_the_length_dynamic(tmp_path, kind):
     runner = onnx.load_runner(onnx.save(onnx.export(model, inputs, OnnxConfig(dynamic=True)), tmp_path / "onnx"))
     reports = check_parity(model, runner, [inputs, longer], atol=1e-5)
     assert [r.ok for r in reports] == [True, True]
+
+
+@pytest.mark.parametrize("model_class", ["LongformerModel", "LEDModel"])
+def test_longformer_attention_exports_with_global_tokens(tmp_path, model_class):
+    """Longformer's attention branches on ``.item()`` of "any global token" and sizes tensors by the
+    global count; LED's encoder copies it. Without the dense-attention patch the trace stops on that
+    guard; with it one dynamic program matches eager with no global token, with global tokens and
+    padding, and at a longer length."""
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model(model_class)
+    inputs = build_inputs(model)
+    batch, length = inputs["input_ids"].shape
+    inputs["global_attention_mask"] = torch.zeros(batch, length, dtype=torch.long)
+    with without_workarounds("_patch_longformer_attention_dense"):
+        with pytest.raises(ExportStageError) as failed:
+            DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))
+        assert failed.value.stage == "trace (torch.export.export)"
+        assert "GuardOnDataDependentSymNode" in str(failed.value)
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    assert exporter.static_axes == []
+    with_global = {k: v.clone() for k, v in inputs.items()}
+    with_global["global_attention_mask"][:, 0] = 1
+    with_global["global_attention_mask"][1, 3] = 1
+    with_global["attention_mask"][0, -2:] = 0
+    longer = resized_inputs(program, with_global)
+    assert longer["input_ids"].shape[1] > length
+    runner = exporter.load_runner(exporter.save(program, tmp_path))
+    reports = check_parity(model, runner, [inputs, with_global, longer], atol=1e-4)
+    assert [r.ok for r in reports] == [True, True, True]
+    assert max(r.max_abs_diff for r in reports) < 1e-5
+    # the global tokens change the output: the second set really takes the global path
+    local_only = dict(with_global, global_attention_mask=inputs["global_attention_mask"])
+    changed = max((a - b).abs().max().item() for a, b in zip(runner(with_global), runner(local_only)))
+    assert changed > 1e-2

@@ -8,9 +8,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
 from typing import Any
 
 import torch
+from torch import nn
 
 from ...registry import register_patch
 from .._packing import slice_index
@@ -1485,3 +1487,86 @@ def _patch_recurrent_layers_as_while_loops(original: Any) -> Any:
             forget_dispatch()
 
     return export
+
+
+@register_patch(
+    "dynamo",
+    "transformers.models.longformer.modeling_longformer.LongformerSelfAttention.forward",
+    "transformers.models.led.modeling_led.LEDEncoderSelfAttention.forward",
+    loaded_only=True,
+)
+def _patch_longformer_attention_dense(original: Any) -> Any:
+    """Longformer's sliding-window plus global self-attention written as masked dense attention, so
+    that neither the number of global tokens nor the number of window chunks becomes a tensor value.
+
+    Pattern: the encoder reads ``is_index_global_attn.any().item()`` and the layer branches on it in
+    Python (``GuardOnDataDependentSymNode: Eq(u0, 1)``); the global path gathers the global tokens
+    with ``nonzero`` into tensors sized by the largest count in the batch and fails on a batch
+    without global tokens (``view(0, -1)``); the window chunking computes chunk counts with
+    ``torch.div`` on sizes, a tensor read back as a size (``2*u4 - 1 < 0`` with a dynamic length).
+    The same attention as one masked softmax: query ``i`` attends key ``j`` when ``|i - j| <=
+    window`` and ``j`` is a local (unpadded, not global) token, or when ``j`` is a global token, with
+    the scaled ``query``/``key`` projections; a global token's own output is then full attention
+    with the ``*_global`` projections over the unpadded keys; padded queries output 0. Equal to the
+    method's output up to float summation order.
+    Cost: scores are (batch, heads, length, length), as in a full-attention encoder, where the
+    method's windows keep them linear in the length: memory grows with the square of the length.
+    Shapes: ``hidden_states`` (batch, length, hidden), length a multiple of the attention window (the
+    model pads); ``attention_mask`` (batch, length) float, negative = padding, 0 = local, positive
+    = global; ``is_index_masked`` and ``is_index_global_attn`` (batch, length) bool. Returns
+    ``(attn_output,)``, (batch, length, hidden). With ``output_attentions`` the method itself runs
+    (its attention-probability layout is the windowed one).
+    Models: LongformerModel and its heads, LEDModel and its heads (LED's encoder).
+    Upstream: transformers models/longformer/modeling_longformer.py
+        (``LongformerSelfAttention.forward``, ``_get_global_attn_indices``, ``_chunk``);
+        models/led/modeling_led.py (``LEDEncoderSelfAttention``, a copy); no report found
+    Remove when: the attention has no Python branch on ``is_global_attn``, no ``nonzero``-sized
+        tensors and integer chunk counts.
+    """
+
+    @functools.wraps(original)
+    def forward(
+        self: Any,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        is_index_masked: torch.Tensor | None = None,
+        is_index_global_attn: torch.Tensor | None = None,
+        is_global_attn: Any = None,
+        output_attentions: bool = False,
+    ) -> Any:
+        if output_attentions:
+            return original(self, hidden_states, attention_mask, is_index_masked, is_index_global_attn, is_global_attn, output_attentions)
+        batch, length, _ = hidden_states.shape
+        heads, head_dim, window = self.num_heads, self.head_dim, self.one_sided_attn_window_size
+        dropout = self.dropout if self.training else 0.0
+        scale = 1.0 / math.sqrt(head_dim)
+
+        def heads_first(x: torch.Tensor) -> torch.Tensor:  # (batch, length, hidden) -> (batch, heads, length, head_dim)
+            return x.reshape(batch, length, heads, head_dim).transpose(1, 2)
+
+        positions = torch.arange(length, device=hidden_states.device)
+        in_window = (positions[None, :] - positions[:, None]).abs() <= window  # (length, length)
+        local_key = attention_mask == 0  # (batch, length): neither padding nor global
+        allowed = (in_window[None] & local_key[:, None, :]) | is_index_global_attn[:, None, :]
+        allowed = allowed | is_index_masked[:, :, None]  # padded queries (zeroed below) never see an empty row
+        output = nn.functional.scaled_dot_product_attention(
+            heads_first(self.query(hidden_states)),
+            heads_first(self.key(hidden_states)),
+            heads_first(self.value(hidden_states)),
+            attn_mask=allowed[:, None],
+            dropout_p=dropout,
+            scale=scale,
+        )
+        global_output = nn.functional.scaled_dot_product_attention(
+            heads_first(self.query_global(hidden_states)),
+            heads_first(self.key_global(hidden_states)),
+            heads_first(self.value_global(hidden_states)),
+            attn_mask=~is_index_masked[:, None, None, :],
+            dropout_p=dropout,
+            scale=scale,
+        )
+        output = torch.where(is_index_global_attn[:, None, :, None], global_output, output)
+        output = output.masked_fill(is_index_masked[:, None, :, None], 0.0)
+        return (output.transpose(1, 2).reshape(batch, length, heads * head_dim),)
+
+    return forward
