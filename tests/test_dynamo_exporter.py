@@ -1086,3 +1086,29 @@ def test_longformer_attention_exports_with_global_tokens(tmp_path, model_class):
     local_only = dict(with_global, global_attention_mask=inputs["global_attention_mask"])
     changed = max((a - b).abs().max().item() for a, b in zip(runner(with_global), runner(local_only)))
     assert changed > 1e-2
+
+
+def test_distribution_in_forward_exports_and_validation_is_restored(tmp_path):
+    """A forward that builds a ``torch.distributions`` object (BLT's entropy patcher) stops the trace
+    on the constructor's argument check; with validation off during the export it matches eager,
+    and the class default is back afterwards."""
+    from torch.distributions import Categorical, Distribution
+
+    class Entropy(torch.nn.Module):
+        def forward(self, logits):
+            return Categorical(logits=logits).entropy()
+
+    logits = torch.randn(2, 5, 7)
+    default = Distribution._validate_args
+    with without_workarounds("_patch_distributions_skip_argument_validation"):
+        with pytest.raises(ExportStageError) as failed:
+            DynamoExporter().export(Entropy(), {"logits": logits}, DynamoConfig(dynamic=False))
+        assert "GuardOnDataDependentSymNode" in str(failed.value)
+    exporter = DynamoExporter()
+    program = exporter.export(Entropy(), {"logits": logits}, DynamoConfig(dynamic=True))
+    assert Distribution._validate_args is default
+    runner = exporter.load_runner(exporter.save(program, tmp_path))
+    longer = {"logits": torch.randn(3, 9, 7)}
+    reports = check_parity(Entropy(), runner, [{"logits": logits}, longer], atol=1e-5)
+    assert [r.ok for r in reports] == [True, True]
+    assert runner(longer)[0].shape == (3, 9)

@@ -1570,3 +1570,24 @@ def _patch_longformer_attention_dense(original: Any) -> Any:
         return (output.transpose(1, 2).reshape(batch, length, heads * head_dim),)
 
     return forward
+
+
+@register_patch("dynamo", "torch.distributions.distribution.Distribution._validate_args")
+def _patch_distributions_skip_argument_validation(_original: Any) -> bool:
+    """``torch.distributions`` without argument validation while the model is traced.
+
+    Pattern: a model builds a distribution in its forward (BLT's entropy patcher:
+    ``Categorical(logits=logits).entropy()``); with validation on (the default, ``__debug__``) the
+    constructor checks its parameters against their constraints and branches on the result, a data
+    value (``GuardOnDataDependentSymNode: Eq(u0, 1)`` in ``torch._is_all_true``). The class default
+    is False for the duration of the export, as ``Distribution.set_default_validate_args(False)``
+    would set it; a distribution built with ``validate_args=True`` still validates. The exported
+    program computes the same values; it does not raise on invalid parameters as eager would.
+    Models: BltModel and BltForCausalLM (the entropy patcher); any forward that builds a
+    ``torch.distributions`` object.
+    Upstream: pytorch/pytorch torch/distributions/distribution.py (``Distribution.__init__`` checks
+        ``torch._is_all_true(valid)`` in Python); no report found
+    Remove when: distribution validation traces as a runtime assertion (``torch._check``) instead
+        of a Python branch.
+    """
+    return False
