@@ -823,3 +823,33 @@ def test_size_outputs_are_not_onnx_outputs(tmp_path: Path) -> None:
         others = [{"x": torch.randn(3, 3, 12, 6)}] if dynamic else []
         reports = check_parity(_ReturnsItsSides(), runner, [inputs, *others], atol=1e-6)
         assert all(r.ok and r.max_abs_diff < 1e-6 for r in reports) and len(reports) == 1 + dynamic
+
+
+def test_int64_hash_arithmetic_is_exact_in_onnxruntime(tmp_path) -> None:
+    """A rolling polynomial hash (BLT: ``sum(token * prime ** i)`` in int64) wraps around in torch;
+    onnxruntime's ``Pow`` and int64 ``ReduceSum`` go through float64 and saturate. With the exact
+    translations the hashes are equal, bit for bit, at the export length and a longer one."""
+
+    class Hash(torch.nn.Module):
+        def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            prime = torch.tensor(1000000007, dtype=torch.int64)
+            powers = prime ** torch.arange(tokens.shape[-1])
+            return (tokens * powers).sum(-1), 31 ** tokens, tokens.sum(dim=(0, 1), keepdim=True)
+
+    tokens = torch.randint(0, 260, (2, 5, 6))
+    longer = torch.randint(0, 260, (3, 8, 6))
+    expected = Hash()(tokens)
+    assert expected[0].abs().max() > 2**62  # the hash does wrap around
+
+    with without_workarounds("_aten_pow_integer_exact", "_aten_pow_scalar_integer_exact", "_aten_sum_int64_exact"):
+        exporter = OnnxExporter()
+        program = exporter.export(Hash(), {"tokens": tokens}, OnnxConfig(dynamic=False))
+        got = exporter.load_runner(exporter.save(program, tmp_path / "plain"))({"tokens": tokens})
+        assert not torch.equal(torch.as_tensor(got[0]), expected[0])
+
+    exporter = OnnxExporter()
+    program = exporter.export(Hash(), {"tokens": tokens}, OnnxConfig(dynamic=True))
+    runner = exporter.load_runner(exporter.save(program, tmp_path / "exact"))
+    for inputs in (tokens, longer):
+        got = runner({"tokens": inputs})
+        assert [torch.equal(torch.as_tensor(g), e) for g, e in zip(got, Hash()(inputs))] == [True, True, True]

@@ -222,3 +222,111 @@ def _aten_remainder_symbolic_scalar(self: TensorType, other: TensorType) -> Tens
     zero = op.CastLike(op.Constant(value_float=0.0), self)
     differs = op.And(op.Not(op.Equal(rest, zero)), op.Xor(op.Less(rest, zero), op.Less(divisor, zero)))
     return op.Where(differs, op.Add(rest, divisor), rest)
+
+
+def _integer_power(base: TensorType, exponent: TensorType, bits: int) -> TensorType:
+    """``base ** exponent`` for integer tensors by repeated squaring over the ``bits`` low bits of the
+    exponent: only ``Mul``, which wraps around on overflow as torch's integer kernels do. Shapes
+    broadcast; the result has ``base``'s type."""
+    one = op.CastLike(op.Constant(value_int=1), exponent)
+    two = op.CastLike(op.Constant(value_int=2), exponent)
+    result = op.Expand(op.CastLike(op.Constant(value_int=1), base), op.Shape(op.Add(op.CastLike(base, exponent), exponent)))
+    for _ in range(bits):
+        result = op.Where(op.Equal(op.BitwiseAnd(exponent, one), one), op.Mul(result, base), result)
+        base = op.Mul(base, base)
+        exponent = op.Div(exponent, two)
+    return result
+
+
+def _value_bits(dtype: ir.DataType) -> int:
+    """Bits that a non-negative value of the integer ``dtype`` can use (63 for int64, 8 for uint8)."""
+    bits = int(dtype.itemsize * 8)
+    return bits if dtype.name.startswith("UINT") else bits - 1
+
+
+@registry.register_onnx_translation("aten::pow.Tensor_Tensor", "_operator::pow")
+def _aten_pow_integer_exact(self: TensorType, exponent: TensorType) -> TensorType:
+    """``x ** n`` exact for integer tensors (wrapping around on overflow, as torch).
+
+    Pattern: BLT's rolling polynomial hash, ``torch.tensor(prime) ** torch.arange(n)`` in int64;
+    torchlib emits ONNX ``Pow``, which onnxruntime computes through float64 for int64: past 2**53 the
+    low bits are lost and past 2**63 it saturates (1000000007**5 gives -2**63 where torch gives
+    7232439895113528231), so hashes and the embeddings they index differ. Integer operands: repeated
+    squaring with ``Mul`` over the exponent's bits (63 steps for int64; negative exponents, which
+    torch rejects for integers, are not supported). Floating point operands: ``Pow``, as torchlib.
+    Output: the broadcast shape, ``x``'s type.
+    Models: BltModel and BltForCausalLM (onnx parity).
+    Upstream: onnxscript torchlib ``aten_pow`` (plain ``Pow``); onnxruntime's integer ``Pow`` kernel
+        (``std::pow`` in double); no report found
+    Remove when: onnxruntime's integer ``Pow`` is exact and wraps, or torchlib lowers integer
+        powers without ``Pow``.
+    """
+    if self.dtype.is_integer() and exponent.dtype.is_integer():
+        return _integer_power(self, op.CastLike(exponent, self), _value_bits(self.dtype))
+    return op.Pow(self, exponent)
+
+
+@registry.register_onnx_translation("aten::pow.Scalar")
+def _aten_pow_scalar_integer_exact(self: float, exponent: TensorType) -> TensorType:
+    """``c ** n`` for a Python number ``c`` and a tensor ``n``, exact for integers.
+
+    Pattern: ``31 ** positions`` in int64 (polynomial hashes); torchlib emits ``Pow``, which
+    onnxruntime computes through float64 for integers (see :func:`_aten_pow_integer_exact`). An int
+    ``c`` with an integer ``n``: repeated squaring with wrapping ``Mul``; otherwise ``Pow`` with
+    torch's promotion (a float ``c`` over an integer ``n`` gives float32). Output: ``n``'s shape.
+    Models: none in the sweep; the Python-scalar form of BLT's hash.
+    Upstream: onnxscript torchlib ``aten_pow_scalar`` (plain ``Pow``); no report found
+    Remove when: onnxruntime's integer ``Pow`` is exact and wraps.
+    """
+    if isinstance(self, int) and exponent.dtype.is_integer():
+        base = op.Constant(value=ir.tensor(self, dtype=exponent.dtype))
+        return _integer_power(base, exponent, _value_bits(exponent.dtype))
+    if exponent.dtype.is_integer() or exponent.dtype == ir.DataType.BOOL:
+        dtype = ir.DataType.FLOAT if not isinstance(self, int) else INT64.dtype
+        return op.Pow(op.Cast(op.Constant(value=ir.tensor(self, dtype=dtype)), to=dtype), op.Cast(exponent, to=dtype))
+    return op.Pow(op.Cast(op.Constant(value=ir.tensor(float(self), dtype=exponent.dtype)), to=exponent.dtype), exponent)
+
+
+def _wrapping_int64_sum(self: TensorType, axes: Optional[TensorType], keepdims: bool) -> TensorType:
+    """ReduceSum of an int64 tensor that wraps around on overflow like torch: the low and high 32-bit
+    halves are summed separately (each partial sum stays far below 2**53, so onnxruntime's float64
+    accumulation is exact) and recombined with wrapping ``Mul``/``Add``."""
+    low_mask = op.Constant(value=ir.tensor(0xFFFFFFFF, dtype=ir.DataType.INT64))
+    half = op.Constant(value=ir.tensor(1 << 32, dtype=ir.DataType.INT64))
+    low = op.BitwiseAnd(self, low_mask)  # 0 <= low < 2**32
+    high = op.Div(op.Sub(self, low), half)  # exact: self - low is a multiple of 2**32
+    if axes is None:
+        low_sum, high_sum = op.ReduceSum(low, keepdims=keepdims), op.ReduceSum(high, keepdims=keepdims)
+    else:
+        low_sum, high_sum = op.ReduceSum(low, axes, keepdims=keepdims), op.ReduceSum(high, axes, keepdims=keepdims)
+    return op.Add(op.Mul(high_sum, half), low_sum)
+
+
+@registry.register_onnx_translation("aten::sum.dim_IntList")
+def _aten_sum_int64_exact(self: TensorType, dim: Optional[list[int]] = None, keepdim: bool = False, dtype: int = -1) -> TensorType:
+    """``torch.sum(x, dim)`` exact for int64 (wrapping around on overflow, as torch).
+
+    Pattern: BLT's rolling polynomial hash sums ``token * prime ** i`` in int64, far past 2**53;
+    onnxruntime's ``ReduceSum`` accumulates int64 in float64, so sums lose their low bits and
+    saturate at 2**63 - 1 (a sum of 2**60 and 1 gives 2**60). For int64 input the low and high
+    32-bit halves are summed apart (exact up to 2**21 terms per output element) and recombined with
+    wrapping ``Mul``/``Add``; other types: ``ReduceSum`` as torchlib. ``dtype`` casts the result.
+    Output: the reduced shape.
+    Models: BltModel and BltForCausalLM (onnx parity).
+    Upstream: onnxscript torchlib ``aten_sum_dim_IntList`` (plain ``ReduceSum``); onnxruntime's
+        int64 ``ReduceSum`` kernel (float64 accumulation); no report found
+    Remove when: onnxruntime sums int64 in int64.
+    """
+    if len(self.shape) == 0:
+        result = op.Identity(self)
+    else:
+        axes = None if dim is None else op.Constant(value=ir.tensor([dim] if isinstance(dim, int) else list(dim), dtype=ir.DataType.INT64))
+        if self.dtype == ir.DataType.INT64:
+            result = _wrapping_int64_sum(self, axes, keepdim)
+        elif axes is None:
+            result = op.ReduceSum(self, keepdims=keepdim)
+        else:
+            result = op.ReduceSum(self, axes, keepdims=keepdim)
+    if dtype != -1 and dtype is not None:
+        result = op.Cast(result, to=dtype)
+    return result
