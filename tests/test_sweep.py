@@ -543,6 +543,20 @@ def test_a_generation_job_compares_token_ids_with_eager_generate() -> None:
     mamba = run_job({"class": "MambaForCausalLM", "backend": "dynamo", "dynamic": True, "mode": "generation"})
     assert (mamba["outcome"], mamba["stage"]) == ("fail", "exporter decompose")
     assert "state-space cache (cache_params) is not supported yet" in mamba["message"]
+    hybrid = run_job({"class": "FalconH1ForCausalLM", "backend": "dynamo", "dynamic": True, "mode": "generation"})
+    assert (hybrid["outcome"], hybrid["stage"]) == ("fail", "exporter decompose")
+    assert hybrid["message"] == (
+        "InputError: FalconH1ForCausalLM: generate()'s cache holds recurrent state (LinearAttentionAndFullAttentionLayer: "
+        "the convolution and state-space states of a hybrid model); only key/value caches are supported yet"
+    )
+
+
+def test_a_seq2seq_model_whose_encoder_output_has_its_own_class_generates_from_the_export() -> None:
+    """Moonshine's decoder reads ``encoder_outputs.attention_mask``, a field of its encoder's own output
+    class: the exported decoder step builds that class, and 8 greedy tokens match eager generate()."""
+    record = run_job({"class": "MoonshineForConditionalGeneration", "backend": "dynamo", "dynamic": True, "mode": "generation"})
+    assert record["outcome"] == "pass", record
+    assert record["new_tokens"] == 8 and record["inputs"]["input_values"] == [2, 3200]
 
 
 def test_generation_rows_have_their_own_group_in_the_reports(tmp_path: Path) -> None:

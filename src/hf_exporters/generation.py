@@ -340,10 +340,13 @@ class Seq2SeqDecoderStep(torch.nn.Module):
     past_key_values [2L self (B, H, P, D)] + [2L cross (B, H, S, D)] or None)
     -> (logits (B, V), *self caches (B, H, P + q, D), *cross caches)``."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, encoder_output_class: type | None = None):
         super().__init__()
         self.model = model
         self.config = model.config
+        # the class the model's own encoder returns (Moonshine's carries an attention_mask field the
+        # decoder reads); its other fields stay None
+        self.encoder_output_class = encoder_output_class
 
     def forward(
         self,
@@ -360,7 +363,7 @@ class Seq2SeqDecoderStep(torch.nn.Module):
         cache = EncoderDecoderCache(_dynamic_cache(flat[:half] or None), _dynamic_cache(flat[half:] or None))
         kwargs: dict[str, Any] = {
             "decoder_input_ids": decoder_input_ids,
-            "encoder_outputs": BaseModelOutput(last_hidden_state=encoder_hidden_states),
+            "encoder_outputs": (self.encoder_output_class or BaseModelOutput)(last_hidden_state=encoder_hidden_states),
             "past_key_values": cache,
             "use_cache": True,
         }
@@ -490,11 +493,29 @@ def _decode_example(decode_call: dict[str, Any], mask: torch.Tensor, cache: list
     return inputs, layout
 
 
+def _reject_recurrent_cache_layers(model: torch.nn.Module, cache: Any) -> None:
+    """Raise InputError when ``generate()``'s cache holds recurrent state (linear-attention or Mamba
+    layers of a hybrid model: convolution and SSM states), which the flat key/value cache cannot carry.
+
+    Raises:
+        InputError: the cache has a layer with recurrent state; names the layer kinds.
+    """
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    kinds = sorted({type(layer).__name__ for layer in getattr(cache, "layers", []) if isinstance(layer, LinearAttentionCacheLayerMixin)})
+    if kinds:
+        raise InputError(
+            f"{type(model).__name__}: generate()'s cache holds recurrent state ({', '.join(kinds)}: the convolution and "
+            "state-space states of a hybrid model); only key/value caches are supported yet"
+        )
+
+
 def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], decode_call: dict[str, Any]) -> dict[str, GenerationPart]:
     if "cache_params" in prefill_call or "past_key_values" not in inspect.signature(model.forward).parameters:
         raise InputError(f"{type(model).__name__}: a state-space cache (cache_params) is not supported yet; only key/value caches are")
     if "input_ids" not in prefill_call:
         raise InputError(f"{type(model).__name__}: generate() did not pass input_ids to forward")
+    _reject_recurrent_cache_layers(model, prefill_call.get("past_key_values"))
     step = DecoderStep(model)
     ids = prefill_call["input_ids"]
     mask = _mask_or_ones(prefill_call, ids)
@@ -663,12 +684,33 @@ def _static_parts(model: torch.nn.Module, prefill_call: dict[str, Any], decode_c
     }
 
 
+def _encoder_output_class(model: torch.nn.Module, encoder_outputs: Any) -> type | None:
+    """The ModelOutput class of the encoder outputs ``generate()`` passed to the decoder, or None for a
+    plain ``BaseModelOutput``.
+
+    Raises:
+        InputError: those outputs carry an encoder-side attention mask with padding (Moonshine's
+            downsampled mask), which the exported decoder step does not take yet.
+    """
+    from transformers.modeling_outputs import BaseModelOutput
+
+    if not isinstance(encoder_outputs, BaseModelOutput) or type(encoder_outputs) is BaseModelOutput:
+        return None
+    mask = getattr(encoder_outputs, "attention_mask", None)
+    if isinstance(mask, torch.Tensor) and not bool((mask != 0).all()):
+        raise InputError(
+            f"{type(model).__name__}: the encoder returns its own attention mask ({type(encoder_outputs).__name__}.attention_mask) "
+            "and the batch is padded; the exported decoder step takes no encoder-side mask yet: generate from unpadded inputs"
+        )
+    return type(encoder_outputs)
+
+
 def _seq2seq_parts(model: torch.nn.Module, captured: dict[str, dict[str, Any]]) -> dict[str, GenerationPart]:
     encoder_call = {k: v for k, v in captured["encoder"].items() if isinstance(v, torch.Tensor)}
     encoder_step = EncoderStep(_encoder_of(model))
     hidden = encoder_step(**encoder_call)
     first = captured["prefill"]
-    decoder_step = Seq2SeqDecoderStep(model)
+    decoder_step = Seq2SeqDecoderStep(model, _encoder_output_class(model, first.get("encoder_outputs")))
     start = first["decoder_input_ids"].clone()
     mask = encoder_call.get("attention_mask")
     prefill_inputs: dict[str, Any] = {"decoder_input_ids": start, "encoder_hidden_states": hidden}

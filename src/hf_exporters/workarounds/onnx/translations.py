@@ -244,7 +244,7 @@ def _value_bits(dtype: ir.DataType) -> int:
     return bits if dtype.name.startswith("UINT") else bits - 1
 
 
-@registry.register_onnx_translation("aten::pow.Tensor_Tensor", "_operator::pow")
+@registry.register_onnx_translation("aten::pow.Tensor_Tensor", "aten::pow.Tensor_Scalar", "_operator::pow")
 def _aten_pow_integer_exact(self: TensorType, exponent: TensorType) -> TensorType:
     """``x ** n`` exact for integer tensors (wrapping around on overflow, as torch).
 
@@ -252,8 +252,9 @@ def _aten_pow_integer_exact(self: TensorType, exponent: TensorType) -> TensorTyp
     torchlib emits ONNX ``Pow``, which onnxruntime computes through float64 for int64: past 2**53 the
     low bits are lost and past 2**63 it saturates (1000000007**5 gives -2**63 where torch gives
     7232439895113528231), so hashes and the embeddings they index differ. Integer operands: repeated
-    squaring with ``Mul`` over the exponent's bits (63 steps for int64; negative exponents, which
-    torch rejects for integers, are not supported). Floating point operands: ``Pow``, as torchlib.
+    squaring with ``Mul`` over the exponent's bits (63 steps for int64; for a Python int exponent,
+    such as ``size ** 2`` on a SymInt, over its own bits; negative exponents, which torch rejects for
+    integers, are left to ``Pow``). Floating point operands: ``Pow``, as torchlib.
     Output: the broadcast shape, ``x``'s type.
     Models: BltModel and BltForCausalLM (onnx parity).
     Upstream: onnxscript torchlib ``aten_pow`` (plain ``Pow``); onnxruntime's integer ``Pow`` kernel
@@ -261,9 +262,33 @@ def _aten_pow_integer_exact(self: TensorType, exponent: TensorType) -> TensorTyp
     Remove when: onnxruntime's integer ``Pow`` is exact and wraps, or torchlib lowers integer
         powers without ``Pow``.
     """
-    if self.dtype.is_integer() and exponent.dtype.is_integer():
+    def integral(value: object) -> bool:
+        if isinstance(value, bool):
+            return False
+        return isinstance(value, int) or (hasattr(value, "dtype") and value.dtype.is_integer())
+
+    if hasattr(self, "dtype") and self.dtype.is_floating_point() and isinstance(exponent, (int, float)):
+        # a floating-point tensor and a Python exponent: the exponent in the tensor's type, as torchlib
+        return op.Pow(self, op.Constant(value=ir.tensor(exponent, dtype=self.dtype)))
+    if hasattr(self, "dtype") and integral(self) and isinstance(exponent, float):
+        return op.Pow(op.Cast(self, to=ir.DataType.FLOAT), exponent)  # torch promotes to float32
+    if not (integral(self) and integral(exponent)) or isinstance(self, int) and isinstance(exponent, int):
+        return op.Pow(self, exponent)
+    if isinstance(self, int):
+        return _integer_power(op.Constant(value=ir.tensor(self, dtype=exponent.dtype)), exponent, _value_bits(exponent.dtype))
+    if not isinstance(exponent, int):
         return _integer_power(self, op.CastLike(exponent, self), _value_bits(self.dtype))
-    return op.Pow(self, exponent)
+    if exponent < 0:
+        return op.Pow(self, exponent)  # torch rejects it for integers; ONNX decides
+    # a Python exponent: the squarings unrolled for its bits
+    result, square, rest = op.Expand(op.CastLike(op.Constant(value_int=1), self), op.Shape(self)), self, exponent
+    while rest:
+        if rest & 1:
+            result = op.Mul(result, square)
+        rest >>= 1
+        if rest:
+            square = op.Mul(square, square)
+    return result
 
 
 @registry.register_onnx_translation("aten::pow.Scalar")
