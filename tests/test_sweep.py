@@ -559,6 +559,20 @@ def test_a_seq2seq_model_whose_encoder_output_has_its_own_class_generates_from_t
     assert record["new_tokens"] == 8 and record["inputs"]["input_values"] == [2, 3200]
 
 
+def test_seq2seq_generation_bounds_the_cache_length_by_the_position_table() -> None:
+    """A decoder with a learned position table of ``max_position_embeddings`` rows guards the cache
+    length below it (M2M100: ``past <= 127``); the named ``past`` dimension takes that bound, and the
+    exported decode step generates the same tokens as eager."""
+    from hf_exporters.generation import _MAX_PAST, _past_limit
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("M2M100ForConditionalGeneration", use_cache=True)
+    assert model.config.max_position_embeddings < _MAX_PAST
+    assert _past_limit(model) == model.config.max_position_embeddings - 1
+    record = run_job({"class": "M2M100ForConditionalGeneration", "backend": "dynamo", "dynamic": True, "mode": "generation"})
+    assert record["outcome"] == "pass", record
+
+
 def test_generation_rows_have_their_own_group_in_the_reports(tmp_path: Path) -> None:
     records = [
         _record("ours", "onnx", True, "A", "pass"),

@@ -684,6 +684,20 @@ def _static_parts(model: torch.nn.Module, prefill_call: dict[str, Any], decode_c
     }
 
 
+def _past_limit(model: torch.nn.Module) -> int:
+    """Upper bound of the decoder's named cache length: :data:`_MAX_PAST`, or fewer where the decoder's
+    position table is shorter (a decode step at position ``past`` reads row ``past`` of a table of
+    ``max_position_embeddings`` rows; past the table the model fails or grows it, so the trace guards
+    ``past <= max_position_embeddings - 1``)."""
+    config = model.config
+    decoder = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    for name in ("max_position_embeddings", "max_target_positions", "n_positions"):
+        positions = getattr(decoder, name, None)
+        if isinstance(positions, int) and positions > 2:
+            return min(_MAX_PAST, positions - 1)
+    return _MAX_PAST
+
+
 def _encoder_output_class(model: torch.nn.Module, encoder_outputs: Any) -> type | None:
     """The ModelOutput class of the encoder outputs ``generate()`` passed to the decoder, or None for a
     plain ``BaseModelOutput``.
@@ -731,7 +745,7 @@ def _seq2seq_parts(model: torch.nn.Module, captured: dict[str, dict[str, Any]]) 
         stepped = decoder_step(**prefill_inputs, past_key_values=[t.clone() for t in cache])
         cache = [t.clone() for t in stepped[1:]]
         token = stepped[0].argmax(-1, keepdim=True)
-        past = torch.export.Dim("past", min=1, max=_MAX_PAST)
+        past = torch.export.Dim("past", min=1, max=_past_limit(model))
     decode_inputs = {**prefill_inputs, "decoder_input_ids": token, "past_key_values": cache}
     sequences = captured.get("generate", {}).get("sequences")
     # Some models (Whisper) return only the generated tokens, without the decoder start tokens.

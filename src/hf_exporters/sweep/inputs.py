@@ -45,7 +45,8 @@ IMAGE_SIZES: dict[str, tuple[tuple[int, int], str]] = {
 def _image(config: Any) -> torch.Tensor:
     """``pixel_values`` ``(batch, channels, height, width)`` at the (vision) config's ``image_size`` (64 when it names
     none), or at the processor's size for the families of :data:`IMAGE_SIZES`."""
-    vision = _sub(config, "vision_config", "image_config", "backbone_config", "encoder_config")
+    # ``encoder``: VisionEncoderDecoderConfig names its image encoder's config so
+    vision = _sub(config, "vision_config", "image_config", "backbone_config", "encoder_config", "encoder")
     size = _get(vision, "image_size", default=None) or _get(config, "image_size", default=64)
     if isinstance(size, dict):
         size = size.get("height", 64)
