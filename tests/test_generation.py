@@ -224,6 +224,13 @@ def test_sampling_runs_with_logits_processors(tmp_path):
     with torch.no_grad():
         eager = model.generate(**inputs, generation_config=config)
     assert stopped.tolist() == eager.tolist()
+    # a length-aware processor (forced EOS at the last position) sees generate()'s max_length
+    forced = tf.GenerationConfig(forced_eos_token_id=7, max_new_tokens=NEW_TOKENS, pad_token_id=0)
+    got = generator.generate(**inputs, generation_config=forced)
+    with torch.no_grad():
+        eager = model.generate(**inputs, generation_config=forced)
+    assert got.tolist() == eager.tolist()
+    assert got.shape[1] == inputs["input_ids"].shape[1] + NEW_TOKENS and got[:, -1].tolist() == [7] * got.shape[0]
     shutil.rmtree(folder)
 
 

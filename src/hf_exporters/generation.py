@@ -1227,6 +1227,8 @@ class ExportedGenerator:
                 sequences = input_ids.long()
                 mask = attention_mask.long() if attention_mask is not None else torch.ones_like(sequences)
                 encoder_ids = None
+            # as generate() does: the length limit that length-aware processors read (forced EOS at the end)
+            config.max_length = sequences.shape[1] + config.max_new_tokens
             processors = GenerationMixin._get_logits_processor(
                 shim,
                 config,
