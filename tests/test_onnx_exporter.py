@@ -415,6 +415,34 @@ def test_fix_squeeze_of_wide_axis(tmp_path: Path) -> None:
     assert exporter.fx_fixes_applied >= 2
 
 
+def test_squeeze_of_wide_axis_as_a_model_output_after_the_decomposition(tmp_path: Path) -> None:
+    """An RNN-T joint: an LSTM prediction network over dynamic-length tokens, joined with the encoder
+    and ``squeeze(2)``-ed as the model output. torch.onnx's decomposition unrolls the LSTM and fixes
+    the token length, so the squeeze fix runs on the decomposed program, whose output signature names
+    the squeeze node: the fixed node keeps that name (erased, torch.onnx failed with ``KeyError:
+    'squeeze'``), and onnxruntime matches eager."""
+
+    class Joint(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 8)
+            self.lstm = torch.nn.LSTM(8, 8, batch_first=True)
+
+        def forward(self, encoder: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+            decoder, _ = self.lstm(self.embed(tokens))
+            return torch.tanh(encoder[:, :, None, :] + decoder[:, None, :, :]).squeeze(2)
+
+    model = Joint().eval()
+    inputs = {"encoder": torch.randn(2, 5, 8), "tokens": torch.randint(0, 10, (2, 4))}
+    exporter = OnnxExporter()
+    program = exporter.export(model, inputs, OnnxConfig(dynamic=True))
+    [got] = exporter.load_runner(exporter.save(program, tmp_path))(inputs)
+    with torch.no_grad():
+        want = model(**inputs)
+    assert tuple(got.shape) == (2, 5, 4, 8)
+    assert (torch.as_tensor(got) - want).abs().max() < 1e-5
+
+
 def test_patch_cummax_by_triangle(tmp_path: Path) -> None:
     from hf_exporters.workarounds.onnx.torch_patches import _patch_cummax_by_triangle, _patch_cummin_by_triangle
 

@@ -199,8 +199,8 @@ def _fix_squeeze_of_wide_axis(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     networks, where axis 2 is 1 only for a single decoder step: torch's ``squeeze(dim)`` is a no-op on
     an axis of another size, but torch.onnx lowers it to ``Squeeze(axes=[2])`` and onnxruntime refuses
     the model ("Op (Squeeze) [ShapeInferenceError] Dimension of input 2 must be 1 instead of 4"). The
-    fix removes such axes from the node (and the node itself when none is left), using the static size
-    the trace recorded; an axis of symbolic size is left to the lowering.
+    fix removes such axes from the node (the node becomes an ``alias``, ONNX ``Identity``, when none
+    is left), using the static size the trace recorded; an axis of symbolic size is left to the lowering.
     Models: ParakeetForRNNT, ParakeetForTDT, NemotronAsrStreamingForRNNT (onnx in the sweep).
     Upstream: onnxscript function_libs/torch_lib/ops/core.py ``aten_squeeze_dim`` in onnxscript 0.7.2 (no report found)
     Remove when: torch.onnx lowers ``squeeze`` of a non-1 static axis to Identity.
@@ -218,8 +218,9 @@ def _fix_squeeze_of_wide_axis(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
         return False
     kept = [d for d in dims if d not in wide]
     if not kept:
-        node.replace_all_uses_with(source)
-        gm.graph.erase_node(node)
+        # an alias rather than an erased node: the node keeps its name, which the program's output
+        # signature may hold (a squeeze that is a model output; torch.onnx looks outputs up by name)
+        node.target, node.args, node.kwargs = aten.alias.default, (source,), {}
     elif node.target is aten.squeeze.dims:
         node.args = (source, kept)
     return True
