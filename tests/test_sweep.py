@@ -41,6 +41,24 @@ def test_tiny_config_keeps_one_layer_of_each_kind() -> None:
     assert len(config.layer_types) == config.num_hidden_layers
 
 
+def test_tiny_config_keeps_layer_kinds_placed_by_period_and_offset() -> None:
+    # Jamba places attention at i % 8 == 4 and experts at i % 2 == 1: two layers would keep no attention layer
+    jamba = tiny.tiny_config(transformers.JambaConfig)
+    assert jamba.num_hidden_layers == tiny.LAYERS
+    assert jamba.layers_block_type == ["mamba", "attention"]
+    assert (jamba.attn_layer_period, jamba.attn_layer_offset) == (2, 1)
+    assert (jamba.expert_layer_period, jamba.expert_layer_offset) == (2, 1)
+    # Zamba spells its kinds as a list; the hybrid layers tie one shared block, so two of them are kept
+    zamba = tiny.tiny_config(transformers.ZambaConfig)
+    assert zamba.layers_block_type == ["linear_attention", "hybrid", "hybrid"]
+    model = transformers.ZambaModel(zamba).eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([[3, 5, 7, 9]])).last_hidden_state
+    assert out.shape == (1, 4, zamba.hidden_size) and bool(torch.isfinite(out).all())
+    zamba2 = tiny.tiny_config(transformers.Zamba2Config)
+    assert zamba2.layers_block_type == ["linear_attention", "hybrid", "hybrid"] and zamba2.hybrid_layer_ids == [1, 2]
+
+
 def test_tiny_config_keeps_experts_and_routing() -> None:
     default = transformers.MixtralConfig()
     config = tiny.tiny_config(transformers.MixtralConfig)

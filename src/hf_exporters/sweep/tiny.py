@@ -187,6 +187,13 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
             ("deformable_detr", [2, 3, 4]),
         )
     },
+    "zamba": (
+        {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"],
+         "attention_hidden_size": 2 * WIDTH, "attention_head_dim": 2 * WIDTH // HEADS},
+        "the hybrid layers share one attention block whose weights are tied from the first hybrid layer to the"
+        " others: keeping one layer of each kind leaves no layer to tie into, which the model rejects; that block"
+        " reads the hidden states concatenated with the embeddings, twice the width",
+    ),
     "whisper": (
         {"max_source_positions": 32},
         "the encoder requires exactly 2 * max_source_positions input frames; 32 keeps the inputs small",
@@ -326,8 +333,10 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         "the defaults leave the feature pyramid without levels, so the decoder gets no features at all",
     ),
     "zamba2": (
-        {"attention_hidden_size": 2 * WIDTH, "attention_head_dim": 2 * WIDTH // HEADS, "mamba_headdim": 2 * WIDTH // 8, "kv_channels": HEAD_DIM},
-        "the config derives these widths from hidden_size, then sets the full-size values to_dict() passes back",
+        {"attention_hidden_size": 2 * WIDTH, "attention_head_dim": 2 * WIDTH // HEADS, "mamba_headdim": 2 * WIDTH // 8, "kv_channels": HEAD_DIM,
+         "num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"], "hybrid_layer_ids": [1, 2]},
+        "the config derives these widths from hidden_size, then sets the full-size values to_dict() passes back;"
+        " as for zamba, the shared attention block is tied across hybrid layers, so two of them are kept",
     ),
     "bros": (
         {"dim_bbox_projection": HEAD_DIM},
@@ -516,8 +525,9 @@ def shrink(fields: dict[str, Any], widths: set[int] | None = None) -> dict[str, 
 
     # layers: keep one layer of each kind in layer_types (and per-layer lists in step)
     selection: list[int] | None = None
-    if isinstance(d.get("layer_types"), list) and d["layer_types"]:
-        selection = _layer_selection(d["layer_types"])
+    kinds_key = next((k for k in ("layer_types", "layers_block_type") if isinstance(d.get(k), list) and d[k]), None)
+    if kinds_key is not None:
+        selection = _layer_selection(d[kinds_key])
     elif old_layers:
         selection = list(range(min(old_layers, LAYERS)))
     for key in _LAYER_KEYS:
@@ -529,6 +539,14 @@ def shrink(fields: dict[str, Any], widths: set[int] | None = None) -> dict[str, 
                 d[key] = [value[i] for i in selection if i < len(value)]
     if isinstance(d.get("first_k_dense_replace"), int):
         d["first_k_dense_replace"] = min(d["first_k_dense_replace"], 1)
+    # layer kinds placed by period and offset (layer i is of the kind when i % period == offset):
+    # an offset past the shrunk depth would drop the kind, so the last layer becomes the one of that kind
+    depth = next((d[k] for k in _LAYER_KEYS if isinstance(d.get(k), int) and d[k] > 0), None)
+    for key in [k for k in d if k.endswith("_layer_period")]:
+        offset_key = key[: -len("period")] + "offset"
+        period, offset = d.get(key), d.get(offset_key)
+        if depth and isinstance(period, int) and isinstance(offset, int) and period > 0 and (offset >= depth or period > depth):
+            d[key], d[offset_key] = depth, depth - 1
 
     for key, value in list(d.items()):
         if isinstance(value, bool) or value is None:
