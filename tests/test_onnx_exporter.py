@@ -415,27 +415,61 @@ def test_fix_squeeze_of_wide_axis(tmp_path: Path) -> None:
     assert exporter.fx_fixes_applied >= 2
 
 
-def test_squeeze_of_wide_axis_as_a_model_output_after_the_decomposition(tmp_path: Path) -> None:
-    """An RNN-T joint: an LSTM prediction network over dynamic-length tokens, joined with the encoder
-    and ``squeeze(2)``-ed as the model output. torch.onnx's decomposition unrolls the LSTM and fixes
-    the token length, so the squeeze fix runs on the decomposed program, whose output signature names
-    the squeeze node: the fixed node keeps that name (erased, torch.onnx failed with ``KeyError:
-    'squeeze'``), and onnxruntime matches eager."""
+class _Joint(torch.nn.Module):
+    """An RNN-T joint: an LSTM prediction network over the tokens, joined with the encoder frames and
+    ``squeeze(2)``-ed as the model output (axis 2 is the token axis, 1 only for a single decoder step)."""
 
-    class Joint(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = torch.nn.Embedding(10, 8)
-            self.lstm = torch.nn.LSTM(8, 8, batch_first=True)
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 8)
+        self.lstm = torch.nn.LSTM(8, 8, num_layers=2, batch_first=True)
 
-        def forward(self, encoder: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-            decoder, _ = self.lstm(self.embed(tokens))
-            return torch.tanh(encoder[:, :, None, :] + decoder[:, None, :, :]).squeeze(2)
+    def forward(self, encoder: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        decoder, _ = self.lstm(self.embed(tokens))
+        return torch.tanh(encoder[:, :, None, :] + decoder[:, None, :, :]).squeeze(2)
 
-    model = Joint().eval()
+
+def _token_axis(exporter: OnnxExporter) -> Any:
+    [tokens] = [n for n in exporter.exported_program.graph.nodes if n.op == "placeholder" and n.name == "tokens"]
+    return tokens.meta["val"].shape[1]
+
+
+def test_lstm_keeps_a_dynamic_token_length_through_the_lowering(tmp_path: Path) -> None:
+    """torch.onnx keeps ``aten.lstm.input`` whole (ONNX ``LSTM``) but computes its shapes, in the
+    decomposition and in the type-promotion pass, by the op's own loop over time, which fixed the token
+    length at the export's (4). With the two patches the length stays symbolic, the squeeze of the
+    token axis (a model output, named in the output signature) becomes an alias, and onnxruntime
+    matches eager at the export sizes and at longer ones."""
+    torch.manual_seed(0)
+    model = _Joint().eval()
     inputs = {"encoder": torch.randn(2, 5, 8), "tokens": torch.randint(0, 10, (2, 4))}
+    with without_workarounds("_patch_lstm_kept_whole_with_symbolic_length", "_patch_type_promotion_keeps_lstm_whole"):
+        unpatched = OnnxExporter()
+        unpatched.export(model, inputs, OnnxConfig(dynamic=True))
+    assert _token_axis(unpatched) == 4
     exporter = OnnxExporter()
     program = exporter.export(model, inputs, OnnxConfig(dynamic=True))
+    assert not isinstance(_token_axis(exporter), int)
+    assert "LSTM" in {node.op_type for node in program.model.graph}
+    runner = exporter.load_runner(exporter.save(program, tmp_path))
+    longer = {"encoder": torch.randn(3, 7, 8), "tokens": torch.randint(0, 10, (3, 9))}
+    for sizes in (inputs, longer):
+        [got] = runner(sizes)
+        with torch.no_grad():
+            want = model(**sizes)
+        assert tuple(got.shape) == tuple(want.shape)
+        assert (torch.as_tensor(got) - want).abs().max() < 1e-5
+    assert "lstm.input" not in str(torch._decomp.meta_table.keys())  # the routing entry is removed
+
+
+def test_squeeze_of_wide_axis_as_a_model_output(tmp_path: Path) -> None:
+    """A static export of the joint: the squeeze of the 4-token axis becomes an alias that keeps the
+    node's name (erased, torch.onnx failed with ``KeyError: 'squeeze'``), and onnxruntime matches eager."""
+    model = _Joint().eval()
+    inputs = {"encoder": torch.randn(2, 5, 8), "tokens": torch.randint(0, 10, (2, 4))}
+    exporter = OnnxExporter()
+    program = exporter.export(model, inputs, OnnxConfig(dynamic=False))
+    assert exporter.fx_fixes_applied >= 1
     [got] = exporter.load_runner(exporter.save(program, tmp_path))(inputs)
     with torch.no_grad():
         want = model(**inputs)

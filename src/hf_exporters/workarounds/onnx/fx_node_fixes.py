@@ -6,6 +6,8 @@ graph, see Stage 2); it returns True when it replaced or erased the node.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ... import registry
@@ -191,6 +193,15 @@ def _fix_sdpa_broadcast_kv_heads(gm: torch.fx.GraphModule, node: torch.fx.Node) 
     return True
 
 
+def _known_not_one(size: Any) -> bool:
+    """Whether an axis size is known not to be 1: a static size, or a symbolic one whose range excludes 1."""
+    if isinstance(size, int):
+        return size != 1
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true(size != 1))
+
+
 @registry.register_fx_node_fix("onnx")
 def _fix_squeeze_of_wide_axis(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """Drop the axes of ``squeeze(dim)`` whose size is known and not 1 (torch leaves them as they are).
@@ -200,7 +211,8 @@ def _fix_squeeze_of_wide_axis(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     an axis of another size, but torch.onnx lowers it to ``Squeeze(axes=[2])`` and onnxruntime refuses
     the model ("Op (Squeeze) [ShapeInferenceError] Dimension of input 2 must be 1 instead of 4"). The
     fix removes such axes from the node (the node becomes an ``alias``, ONNX ``Identity``, when none
-    is left), using the static size the trace recorded; an axis of symbolic size is left to the lowering.
+    is left), using the static size the trace recorded, or a symbolic size whose range excludes 1 (a
+    dynamic token length, whose dimension starts at 2); other symbolic axes are left to the lowering.
     Models: ParakeetForRNNT, ParakeetForTDT, NemotronAsrStreamingForRNNT (onnx in the sweep).
     Upstream: onnxscript function_libs/torch_lib/ops/core.py ``aten_squeeze_dim`` in onnxscript 0.7.2 (no report found)
     Remove when: torch.onnx lowers ``squeeze`` of a non-1 static axis to Identity.
@@ -213,7 +225,7 @@ def _fix_squeeze_of_wide_axis(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
         return False
     dims = [node.args[1]] if node.target is aten.squeeze.dim else list(node.args[1])
     rank = val.dim()
-    wide = [d for d in dims if isinstance(val.shape[d % rank], int) and val.shape[d % rank] != 1]
+    wide = [d for d in dims if _known_not_one(val.shape[d % rank])]
     if not wide:
         return False
     kept = [d for d in dims if d not in wide]

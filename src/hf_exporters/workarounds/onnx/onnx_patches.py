@@ -38,6 +38,34 @@ def _patch_decompose_with_registry(original: Callable[..., Any]) -> Callable[...
     return decompose_with_registry
 
 
+@registry.register_patch("onnx", "torch.onnx._internal.exporter._fx_passes.insert_type_promotion_nodes")
+def _patch_type_promotion_keeps_lstm_whole(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Run torch.onnx's type-promotion pass with ``aten.lstm.input`` kept whole, as the decomposition keeps it.
+
+    Pattern: after the decomposition, torch.onnx re-runs the graph on fake tensors to insert type
+    promotions; calling ``aten.lstm.input`` there runs its composite kernel, a Python loop over the
+    time steps, which fixes a dynamic sequence length (``Eq(s28, 4)`` for an RNN-T prediction network's
+    tokens) in the shapes of every node after it. The pass runs inside torch's own "keep this
+    composite op" context for the one op, whose fake rule the Stage 1 patch
+    ``_patch_lstm_kept_whole_with_symbolic_length`` makes size-only.
+    Models: ParakeetForRNNT, ParakeetForTDT, NemotronAsrStreamingForRNNT, Nemotron3_5AsrForRNNT (onnx dynamic).
+    Upstream: https://github.com/pytorch/pytorch/blob/v2.13.0/torch/onnx/_internal/exporter/_core.py
+        (``_prepare_exported_program_for_export`` runs ``insert_type_promotion_nodes`` on fake tensors); no report found
+    Remove when: ``aten.lstm.input`` gets a size-only fake rule in torch.
+    """
+    import torch
+
+    def insert_type_promotion_nodes(graph_module: Any) -> Any:
+        from torch._export.utils import _special_op_to_preserve_cia
+        from torch.export import exported_program
+
+        keep = {torch.ops.aten.lstm.input: _special_op_to_preserve_cia}
+        with exported_program._override_composite_implicit_decomp(keep):
+            return original(graph_module)
+
+    return insert_type_promotion_nodes
+
+
 @registry.register_patch("onnx", "torch.onnx._internal.exporter._core._handle_output_node")
 def _patch_output_node_constants(original: Callable[..., Any]) -> Callable[..., Any]:
     """Leave Python numbers in the program's outputs out of the ONNX graph outputs, as ``None`` is.

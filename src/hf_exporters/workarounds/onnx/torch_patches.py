@@ -89,3 +89,64 @@ def _patch_histc_equal_bounds(original: Any) -> Any:
         return (~torch.isnan(input)).sum().to(input.dtype).reshape(1)
 
     return histc
+
+
+def _lstm_shapes(fake_mode: Any, func: Any, input: Any, hx: Any, params: Any, *args: Any) -> Any:  # noqa: A002, ARG001 - torch's names
+    """Fake outputs of ``aten.lstm.input`` from the input's sizes alone (no loop over time).
+
+    ``input`` (T, B, features) or, ``batch_first`` (the last positional argument), (B, T, features);
+    ``hx`` = (h0, c0), each (layers x directions, B, hidden); output (T, B, directions x hidden) or
+    (B, T, ...), then h_n and c_n shaped as h0 and c0.
+    """
+    batch_first, bidirectional = bool(args[-1]), bool(args[-2])
+    h0, c0 = hx
+    width = (2 if bidirectional else 1) * h0.shape[2]
+    shape = (input.shape[0], input.shape[1], width)
+    with fake_mode:
+        return input.new_empty(shape), h0.new_empty(h0.shape), c0.new_empty(c0.shape)
+
+
+@register_patch("onnx", "torch.export.exported_program._override_composite_implicit_decomp")
+def _patch_lstm_kept_whole_with_symbolic_length(original: Any) -> Any:
+    """Give ``aten.lstm.input`` a fake rule that reads sizes, while ``run_decompositions`` keeps it whole.
+
+    Pattern: torch.onnx keeps ``aten.lstm.input`` undecomposed (torchlib lowers it to ONNX's ``LSTM``
+    operator, which takes any sequence length), but ``ExportedProgram.run_decompositions`` computes a
+    kept composite op's fake outputs with the op's own decomposition, a Python loop over the time
+    steps, and that loop fixes the sequence length: the ONNX graph's token input ends with a fixed
+    length (``decoder_input_ids[axis 1] = 4`` for an RNN-T prediction network) and every
+    shape-dependent node is built for it. While torch registers its fake rule for the kept op, this
+    patch puts one in its place that computes the outputs' shapes from the input's
+    (:func:`_lstm_shapes`). The ``LSTM`` operator and its arithmetic are torchlib's, unchanged.
+    Models: ParakeetForRNNT, ParakeetForTDT, NemotronAsrStreamingForRNNT, Nemotron3_5AsrForRNNT
+        (onnx dynamic in the sweep), and any ``nn.LSTM`` exported to ONNX with a dynamic length.
+    Upstream: pytorch/pytorch torch/export/exported_program.py (``_override_composite_implicit_decomp``
+        registers ``_force_dispatch_to_orig_cia_callable`` as the kept op's fake rule) and
+        torch/_decomp/decompositions.py (``one_layer_lstm`` loops in Python); no report found
+    Remove when: torch gives ``aten.lstm.input`` a size-only fake rule, or the kept op's fake outputs
+        come from a while_loop decomposition.
+    """
+    import contextlib
+
+    import torch
+    from torch._subclasses import fake_impls
+
+    from torch._decomp import meta_table
+
+    @contextlib.contextmanager
+    def override(cia_ops_to_callable: Any) -> Any:
+        op = torch.ops.aten.lstm.input
+        with original(cia_ops_to_callable):
+            if op not in cia_ops_to_callable or op in meta_table:
+                yield
+                return
+            # fake tensors try the Python decomposition table before the fake rules unless the op has a
+            # Python meta entry: the entry routes the op to the rule and is removed on exit
+            fake_impls.op_implementations_dict[op] = _lstm_shapes  # dropped with torch's own rule on exit
+            meta_table[op] = _lstm_shapes
+            try:
+                yield
+            finally:
+                meta_table.pop(op, None)
+
+    return override
