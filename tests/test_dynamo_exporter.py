@@ -844,6 +844,34 @@ def test_loading_a_dynamic_program_parses_each_size_expression_once(tmp_path, mo
     torch.testing.assert_close(loaded.module()(x=other), model(other))
 
 
+def test_loading_a_program_looks_up_each_schema_class_once(tmp_path, monkeypatch):
+    """The deserializer asks ``typing.get_type_hints`` of a schema class for every object it decodes;
+    under the load patch each (class, namespace) is evaluated once, the serializer's ``typing`` is
+    the real module again afterwards, and the loaded program computes as the exported one."""
+    import typing
+
+    from torch._export.serde import serialize
+
+    from hf_exporters.exporters.dynamo import load_exported_program
+
+    torch.manual_seed(0)
+    model = _PadsToWindowsPerStage().eval()
+    inputs = {"x": torch.randn(2, 3, 61, 47)}
+    path = DynamoExporter().save(DynamoExporter().export(model, inputs, DynamoConfig(dynamic=False)), tmp_path / "windows")
+    asked = []
+    real = typing.get_type_hints
+    monkeypatch.setattr(typing, "get_type_hints", lambda obj, *a, **k: asked.append(obj) or real(obj, *a, **k))
+    with without_workarounds("_patch_schema_type_hints_once"):
+        plain = load_exported_program(path)
+    plain_asks = len(asked)
+    asked.clear()
+    loaded = load_exported_program(path)
+    assert len(asked) == len(set(asked)) < plain_asks / 10
+    assert serialize.typing is typing
+    torch.testing.assert_close(loaded.module()(x=inputs["x"]), plain.module()(x=inputs["x"]))
+    torch.testing.assert_close(loaded.module()(x=inputs["x"]), model(inputs["x"]))
+
+
 @pytest.mark.parametrize(
     "model_class, workaround",
     [

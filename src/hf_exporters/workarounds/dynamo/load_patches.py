@@ -42,3 +42,36 @@ def _patch_parse_each_size_expression_once(original: Any) -> Any:
         return cache[key]
 
     return parse
+
+
+@register_patch("load.pt2", "torch._export.serde.serialize.typing")
+def _patch_schema_type_hints_once(original: Any) -> Any:
+    """Look up each schema class's field types once per load, not once per decoded object.
+
+    Pattern: loading a large program. The deserializer turns the saved JSON into schema dataclasses
+    with ``_dict_to_dataclass``, which calls ``typing.get_type_hints`` on the schema class for every
+    object it builds (one per node, argument, tensor meta, size...), and each call evaluates the
+    class's string annotations again: xLSTM's tiny model (19,599 nodes, 329,397 calls) spent 28 s of a
+    51 s load there. The hints of a schema class are fixed (the schema module is not edited while a
+    program loads), so the serializer module's ``typing`` is replaced for the load by a view of
+    ``typing`` whose ``get_type_hints`` keeps its result per (class, namespace).
+    Models: every program, most for large graphs (xLSTMModel, .pt2 static).
+    Upstream: pytorch/pytorch#196452 (``torch.export.load`` repeats the schema lookups per node)
+    Remove when: torch's deserializer caches the schema classes' type hints.
+    """
+    import types
+
+    hints: dict[tuple[Any, int], Any] = {}
+
+    def get_type_hints(obj: Any, globalns: Any = None, localns: Any = None, include_extras: bool = False) -> Any:
+        if localns is not None or include_extras or not isinstance(obj, type):
+            return original.get_type_hints(obj, globalns, localns, include_extras)
+        key = (obj, id(globalns))
+        if key not in hints:
+            hints[key] = original.get_type_hints(obj, globalns)
+        return hints[key]
+
+    view = types.ModuleType(original.__name__, original.__doc__)
+    view.__dict__.update({k: v for k, v in vars(original).items() if not k.startswith("__")})
+    view.get_type_hints = get_type_hints
+    return view
