@@ -1079,6 +1079,33 @@ def test_recurrent_layers_keep_the_length_dynamic(tmp_path, kind):
     assert [r.ok for r in reports] == [True, True]
 
 
+def test_encodec_keeps_the_waveform_length_dynamic(tmp_path):
+    """Encodec without chunking loops ``range(0, length, length)`` (one frame; the range fixes the
+    length) and cuts the decoder's output to the input length behind a length comparison (not taken at
+    a length that is a multiple of the hop). Under the two patches the length stays dynamic and the
+    program matches eager, shape and samples, at the export length and at a length that is not a
+    multiple of the hop."""
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("EncodecModel")
+    torch.manual_seed(0)
+    inputs = {"input_values": torch.randn(2, 1, 3200)}
+    with without_workarounds("_patch_encodec_single_frame_without_range", "_patch_encodec_decode_trims_without_a_branch"):
+        exporter = DynamoExporter()
+        exporter.export(model, inputs, DynamoConfig(dynamic=True))
+        assert StaticAxis("input_values", 2, 3200) in exporter.static_axes
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    assert exporter.static_axes == []
+    odd = {"input_values": torch.randn(3, 1, 3203)}
+    runner = exporter.load_runner(exporter.save(program, tmp_path))
+    reports = check_parity(model, runner, [inputs, odd], atol=1e-5)
+    assert [r.ok for r in reports] == [True, True]
+    with torch.no_grad():
+        codes, values = runner(odd)[:2]  # EncodecOutput: audio_codes, audio_values
+        assert values.shape[-1] == model(**odd).audio_values.shape[-1] == 3203
+
+
 @pytest.mark.parametrize("model_class", ["LongformerModel", "LEDModel"])
 def test_longformer_attention_exports_with_global_tokens(tmp_path, model_class):
     """Longformer's attention branches on ``.item()`` of "any global token" and sizes tensors by the

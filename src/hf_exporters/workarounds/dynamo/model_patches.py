@@ -1591,3 +1591,71 @@ def _patch_distributions_skip_argument_validation(_original: Any) -> bool:
         of a Python branch.
     """
     return False
+
+
+@register_patch("dynamo", "transformers.models.encodec.modeling_encodec.EncodecModel.encode", loaded_only=True)
+def _patch_encodec_single_frame_without_range(original: Any) -> Any:
+    """Encodec's encoder, for a config without chunking, run on the whole waveform without a loop over offsets.
+
+    Pattern: ``for offset in range(0, input_length, stride)`` cuts the waveform into frames; with
+    ``chunk_length`` None the stride is the input length itself, so the loop runs once, but under
+    export ``range`` over a symbolic length guards on its exact value (``Eq(s2, 3200)``) and the
+    length of ``input_values`` ends static. With no chunking the patch encodes the masked waveform
+    as the single frame (offset 0, the whole length), stacks it as ``(1, batch, quantizers,
+    frames)`` and reports no last-frame padding, as the loop does; a chunked config (48 kHz) keeps
+    the method.
+    Models: EncodecModel (dynamic).
+    Upstream: transformers models/encodec/modeling_encodec.py (``EncodecModel.encode``); no report found
+    Remove when: the encoder skips the frame loop when ``chunk_length`` is None.
+    """
+
+    @functools.wraps(original)
+    def encode(self: Any, input_values: torch.Tensor, padding_mask: torch.Tensor | None = None, bandwidth: float | None = None, return_dict: bool | None = None) -> Any:
+        from transformers.models.encodec.modeling_encodec import EncodecEncoderOutput
+
+        channels = input_values.shape[1] if input_values.dim() == 3 else None
+        if self.config.chunk_length is not None or channels not in (1, 2):
+            return original(self, input_values, padding_mask, bandwidth, return_dict)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        bandwidth = self.config.target_bandwidths[0] if bandwidth is None else bandwidth
+        if bandwidth not in self.config.target_bandwidths:
+            return original(self, input_values, padding_mask, bandwidth, return_dict)  # raises the model's error
+        if padding_mask is None:
+            padding_mask = torch.ones_like(input_values).bool()
+        else:
+            padding_mask = padding_mask.view(padding_mask.shape[0], -1, padding_mask.shape[-1])
+        encoded_frame, scale = self._encode_frame(padding_mask.bool() * input_values, bandwidth)
+        encoded_frames, scales = encoded_frame.unsqueeze(0), [scale]
+        if not return_dict:
+            return (encoded_frames, scales, 0)
+        return EncodecEncoderOutput(encoded_frames, scales, 0)
+
+    return encode
+
+
+@register_patch("dynamo", "transformers.models.encodec.modeling_encodec.EncodecModel.decode", loaded_only=True)
+def _patch_encodec_decode_trims_without_a_branch(original: Any) -> Any:
+    """Encodec's decoder output cut to the padding mask's length by a slice alone, without comparing lengths.
+
+    Pattern: ``if padding_mask.shape[-1] < audio_values.shape[-1]: audio_values = audio_values[..., :n]``.
+    The decoder rounds the length up to a multiple of the hop length; at an export length that already
+    is one the branch is not taken, and the program never cuts (a 3,203-sample input came back with
+    3,520 samples). A slice past the end is a no-op, so the patch decodes without the mask and always
+    slices to the mask's length: the same samples on both sides of the branch.
+    Models: EncodecModel (dynamic).
+    Upstream: transformers models/encodec/modeling_encodec.py (``EncodecModel.decode``); no report found
+    Remove when: the decoder slices unconditionally.
+    """
+
+    @functools.wraps(original)
+    def decode(self: Any, audio_codes: torch.Tensor, audio_scales: Any, padding_mask: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
+        decoded = original(self, audio_codes, audio_scales, None, *args, **kwargs)
+        if padding_mask is None:
+            return decoded
+        length = padding_mask.shape[-1]
+        if isinstance(decoded, tuple):
+            return (decoded[0][..., :length], *decoded[1:])
+        decoded.audio_values = decoded.audio_values[..., :length]
+        return decoded
+
+    return decode
