@@ -1079,6 +1079,37 @@ def test_recurrent_layers_keep_the_length_dynamic(tmp_path, kind):
     assert [r.ok for r in reports] == [True, True]
 
 
+def test_reformer_axial_positions_keep_the_batch_dynamic(tmp_path):
+    """Reformer selects each sample's axial positions in a loop over the batch, which fixes the batch
+    size; gathered from the full axial grid, the batch stays dynamic, and the program matches eager
+    at the export batch and at a larger one (other lengths too), with position ids that skip around."""
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("ReformerModel")
+    inputs = build_inputs(model)
+    with without_workarounds("_patch_reformer_axial_positions_gathered"):
+        exporter = DynamoExporter()
+        exporter.export(model, inputs, DynamoConfig(dynamic=True))
+        assert StaticAxis("input_ids", 0, 2) in exporter.static_axes
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    assert exporter.static_axes == []
+    other = resized_inputs(program, inputs)
+    assert other["input_ids"].shape[0] > 2
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, other], atol=1e-5)
+    assert [r.ok for r in reports] == [True, True]
+    from hf_exporters.registry import apply_patches
+
+    embeddings = model.embeddings.position_embeddings
+    positions = torch.tensor([[0, 5, 3, 7], [6, 1, 1, 2]])  # not in order, repeated
+    with torch.no_grad():
+        want = embeddings(positions)
+        with apply_patches("dynamo"):
+            got = embeddings(positions)
+    assert torch.equal(got, want)
+
+
 def test_encodec_keeps_the_waveform_length_dynamic(tmp_path):
     """Encodec without chunking loops ``range(0, length, length)`` (one frame; the range fixes the
     length) and cuts the decoder's output to the input length behind a length comparison (not taken at

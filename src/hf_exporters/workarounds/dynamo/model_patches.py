@@ -1659,3 +1659,31 @@ def _patch_encodec_decode_trims_without_a_branch(original: Any) -> Any:
         return decoded
 
     return decode
+
+
+@register_patch("dynamo", "transformers.models.reformer.modeling_reformer.AxialPositionEmbeddings.forward", loaded_only=True)
+def _patch_reformer_axial_positions_gathered(original: Any) -> Any:
+    """Reformer's axial position embeddings at inference, gathered for the whole batch at once.
+
+    Pattern: at inference the module reads ``position_ids.max().item()`` to cut the axial grid to the
+    rows it needs, then selects each sample's positions in a Python loop, ``torch.cat([index_select(
+    encodings[i], 0, position_ids[i]) for i in range(batch_size)])``, which fixes the batch size
+    (``Eq(s72, 2)``). Row ``p`` of the cut grid, flattened, is cell ``(p // w, p % w)`` of the full
+    ``(h, w)`` grid, so the patch concatenates the axial factors over the full grid, flattens it to
+    ``(h * w, hidden)`` and indexes it with ``position_ids``: (batch, length, hidden), the same
+    vectors. The grid costs ``h * w * hidden`` floats; training (with its dropout) keeps the method.
+    Models: ReformerModel (dynamic batch).
+    Upstream: transformers models/reformer/modeling_reformer.py (``AxialPositionEmbeddings.forward``); no report found
+    Remove when: the module gathers positions with one batched op.
+    """
+
+    @functools.wraps(original)
+    def forward(self: Any, position_ids: torch.Tensor) -> torch.Tensor:
+        if self.training or position_ids.dim() != 2:
+            return original(self, position_ids)
+        grid = tuple(self.axial_pos_shape)
+        factors = [weight.expand(*grid, weight.shape[-1]) for weight in self.weights]
+        table = torch.cat(factors, dim=-1).reshape(-1, sum(w.shape[-1] for w in self.weights))
+        return table[position_ids]
+
+    return forward
