@@ -91,19 +91,24 @@ def _patch_histc_equal_bounds(original: Any) -> Any:
     return histc
 
 
-def _lstm_shapes(fake_mode: Any, func: Any, input: Any, hx: Any, params: Any, *args: Any) -> Any:  # noqa: A002, ARG001 - torch's names
-    """Fake outputs of ``aten.lstm.input`` from the input's sizes alone (no loop over time).
+def _lstm_meta(input: Any, hx: Any, params: Any, *args: Any) -> Any:  # noqa: A002, ARG001 - torch's names
+    """Outputs of ``aten.lstm.input`` shaped from the input's sizes alone (no loop over time), as new
+    empty tensors of the input's kind (meta or fake).
 
     ``input`` (T, B, features) or, ``batch_first`` (the last positional argument), (B, T, features);
     ``hx`` = (h0, c0), each (layers x directions, B, hidden); output (T, B, directions x hidden) or
     (B, T, ...), then h_n and c_n shaped as h0 and c0.
     """
-    batch_first, bidirectional = bool(args[-1]), bool(args[-2])
+    bidirectional = bool(args[-2])
     h0, c0 = hx
     width = (2 if bidirectional else 1) * h0.shape[2]
-    shape = (input.shape[0], input.shape[1], width)
+    return input.new_empty((input.shape[0], input.shape[1], width)), h0.new_empty(h0.shape), c0.new_empty(c0.shape)
+
+
+def _lstm_shapes(fake_mode: Any, func: Any, *args: Any) -> Any:  # noqa: ARG001 - a fake rule's signature
+    """The fake-tensor rule form of :func:`_lstm_meta`."""
     with fake_mode:
-        return input.new_empty(shape), h0.new_empty(h0.shape), c0.new_empty(c0.shape)
+        return _lstm_meta(*args)
 
 
 @register_patch("onnx", "torch.export.exported_program._override_composite_implicit_decomp")
@@ -143,7 +148,7 @@ def _patch_lstm_kept_whole_with_symbolic_length(original: Any) -> Any:
             # fake tensors try the Python decomposition table before the fake rules unless the op has a
             # Python meta entry: the entry routes the op to the rule and is removed on exit
             fake_impls.op_implementations_dict[op] = _lstm_shapes  # dropped with torch's own rule on exit
-            meta_table[op] = _lstm_shapes
+            meta_table[op] = _lstm_meta
             try:
                 yield
             finally:
