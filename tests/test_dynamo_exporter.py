@@ -1110,6 +1110,36 @@ def test_reformer_axial_positions_keep_the_batch_dynamic(tmp_path):
     assert torch.equal(got, want)
 
 
+def test_pixtral_same_size_images_keep_the_batch_dynamic(tmp_path):
+    """Pixtral without ``image_sizes`` walks the images in Python lists, fixing the batch; the patch of
+    the model's own forward (which takes effect although the exporter wraps ``forward`` first) packs
+    them at once, the batch stays dynamic and the program matches eager at 2 and at 4 images. The
+    patched method keeps the class's decorators: hidden states can still be asked for."""
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("PixtralVisionModel")
+    inputs = build_inputs(model)
+    with without_workarounds("_patch_pixtral_same_size_images_batched"):
+        exporter = DynamoExporter()
+        exporter.export(model, inputs, DynamoConfig(dynamic=True))
+        assert StaticAxis("pixel_values", 0, 2) in exporter.static_axes
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    assert StaticAxis("pixel_values", 0, 2) not in exporter.static_axes
+    four = {"pixel_values": torch.randn(4, *inputs["pixel_values"].shape[1:])}
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, four], atol=1e-5)
+    assert [r.ok for r in reports] == [True, True]
+    from hf_exporters.registry import apply_patches
+
+    with torch.no_grad():
+        want = model(**four, output_hidden_states=True)
+        with apply_patches("dynamo"):
+            got = model(**four, output_hidden_states=True)
+    assert len(got.hidden_states) == len(want.hidden_states) == model.config.num_hidden_layers + 1
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=1e-6)
+
+
 def test_encodec_keeps_the_waveform_length_dynamic(tmp_path):
     """Encodec without chunking loops ``range(0, length, length)`` (one frame; the range fixes the
     length) and cuts the decoder's output to the input length behind a length comparison (not taken at

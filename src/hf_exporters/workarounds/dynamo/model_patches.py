@@ -1687,3 +1687,49 @@ def _patch_reformer_axial_positions_gathered(original: Any) -> Any:
         return table[position_ids]
 
     return forward
+
+
+@register_patch("dynamo", "transformers.models.pixtral.modeling_pixtral.PixtralVisionModel.forward", loaded_only=True)
+def _patch_pixtral_same_size_images_batched(original: Any) -> Any:
+    """Pixtral's vision encoder on a batch of full-size images (no ``image_sizes``), packed without
+    per-image Python lists.
+
+    Pattern: without ``image_sizes`` the forward builds ``[(height, width)] * batch_size`` and then
+    walks the images in Python (crop each patch grid, flatten, positions per image, a block mask
+    filled block by block), which fixes the batch size (``Eq(s99, 2)``). When every image is the
+    full size each grid is the whole convolution output, so the patch packs the grids with one
+    reshape, (batch * h * w, hidden), repeats one grid's (row, column) positions per image and
+    builds the block-diagonal mask from each token's image index: the same sequence, positions and
+    mask. Calls with ``image_sizes`` (images of different sizes) or flash attention keep the
+    method's body; the method's decorators (config defaults, output capturing) wrap both.
+    Models: PixtralVisionModel (dynamic batch).
+    Upstream: transformers models/pixtral/modeling_pixtral.py (``PixtralVisionModel.forward``); no report found
+    Remove when: the encoder packs same-size images without Python lists over the batch.
+    """
+    import inspect
+
+    from transformers.utils.generic import is_flash_attention_requested, merge_with_config_defaults
+    from transformers.utils.output_capturing import capture_outputs
+
+    body = inspect.unwrap(original)
+
+    def forward(self: Any, pixel_values: torch.Tensor, image_sizes: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        if image_sizes is not None or is_flash_attention_requested(self.config):
+            return body(self, pixel_values, image_sizes, **kwargs)
+        patch_embeds = self.patch_conv(pixel_values.to(dtype=self.patch_conv.weight.dtype))  # (batch, hidden, h, w)
+        batch, hidden, rows, columns = patch_embeds.shape
+        per_image = rows * columns
+        packed = self.ln_pre(patch_embeds.flatten(2).transpose(1, 2).reshape(1, batch * per_image, hidden))
+        row_ids, column_ids = torch.meshgrid(
+            torch.arange(rows, device=packed.device), torch.arange(columns, device=packed.device), indexing="ij"
+        )
+        grid = torch.stack([row_ids.flatten(), column_ids.flatten()], dim=-1)  # (h * w, 2)
+        position_embeddings = self.patch_positional_embedding(packed, grid.repeat(batch, 1))
+        image = torch.arange(batch * per_image, device=packed.device) // per_image
+        same_image = image[:, None] == image[None, :]
+        blocked = torch.full((), torch.finfo(packed.dtype).min, dtype=packed.dtype, device=packed.device)
+        attention_mask = torch.where(same_image, torch.zeros((), dtype=packed.dtype, device=packed.device), blocked)
+        return self.transformer(packed, attention_mask=attention_mask[None, None], position_embeddings=position_embeddings, **kwargs)
+
+    forward.__name__, forward.__qualname__, forward.__doc__ = body.__name__, body.__qualname__, body.__doc__
+    return merge_with_config_defaults(capture_outputs(forward))
