@@ -915,3 +915,21 @@ def test_int64_hash_arithmetic_is_exact_in_onnxruntime(tmp_path) -> None:
     for inputs in (tokens, longer):
         got = runner({"tokens": inputs})
         assert [torch.equal(torch.as_tensor(g), e) for g, e in zip(got, Hash()(inputs))] == [True] * 4
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_lstm_size_rule_matches_the_kernel_shapes_and_strides(batch_first: bool) -> None:
+    """The size-only rule for the kept ``aten.lstm.input`` gives the outputs torch's own kernel gives
+    (bidirectional, two layers): shapes and strides, the batch-first output a transpose."""
+    from hf_exporters.workarounds.onnx.torch_patches import _lstm_meta
+
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 3, num_layers=2, batch_first=batch_first, bidirectional=True)
+    x = torch.randn(2, 5, 4) if batch_first else torch.randn(5, 2, 4)
+    h0, c0 = torch.zeros(4, 2, 3), torch.zeros(4, 2, 3)
+    args = (x, (h0, c0), list(lstm._flat_weights), True, 2, 0.0, False, True, batch_first)
+    kernel = torch.ops.aten.lstm.input(*args)
+    rule = _lstm_meta(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args[:1]], (h0.to("meta"), c0.to("meta")), *args[2:])
+    assert [(tuple(t.shape), t.stride()) for t in rule] == [(tuple(t.shape), t.stride()) for t in kernel]
+    assert tuple(rule[0].shape) == ((2, 5, 6) if batch_first else (5, 2, 6))
+    assert all(t.device.type == "meta" for t in rule)

@@ -67,7 +67,9 @@ def flat_forward_signature(model: torch.nn.Module, names: list[str]) -> Iterator
 
     def forward(**kwargs: Any) -> Any:
         # looked up at call time: a Stage 2 patch of the model class's own forward then takes effect
-        return previous(**kwargs) if had_own else type(model).forward(model, **kwargs)
+        if had_own:
+            return previous(**kwargs)
+        return inspect.getattr_static(type(model), "forward").__get__(model, type(model))(**kwargs)
 
     forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None) for n in names]

@@ -1624,6 +1624,7 @@ def _patch_encodec_single_frame_without_range(original: Any) -> Any:
             padding_mask = torch.ones_like(input_values).bool()
         else:
             padding_mask = padding_mask.view(padding_mask.shape[0], -1, padding_mask.shape[-1])
+            padding_mask = padding_mask[..., : input_values.shape[-1]]  # the loop's one frame: [0, length)
         encoded_frame, scale = self._encode_frame(padding_mask.bool() * input_values, bandwidth)
         encoded_frames, scales = encoded_frame.unsqueeze(0), [scale]
         if not return_dict:
@@ -1712,6 +1713,8 @@ def _patch_pixtral_same_size_images_batched(original: Any) -> Any:
     from transformers.utils.output_capturing import capture_outputs
 
     body = inspect.unwrap(original)
+    if getattr(getattr(original, "__wrapped__", None), "__wrapped__", None) is not body:
+        return original  # not the two decorators this patch rebuilds: the method as it is
 
     def forward(self: Any, pixel_values: torch.Tensor, image_sizes: torch.Tensor | None = None, **kwargs: Any) -> Any:
         if image_sizes is not None or is_flash_attention_requested(self.config):

@@ -211,8 +211,8 @@ def _fix_squeeze_of_wide_axis(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     an axis of another size, but torch.onnx lowers it to ``Squeeze(axes=[2])`` and onnxruntime refuses
     the model ("Op (Squeeze) [ShapeInferenceError] Dimension of input 2 must be 1 instead of 4"). The
     fix removes such axes from the node (the node becomes an ``alias``, ONNX ``Identity``, when none
-    is left), using the static size the trace recorded, or a symbolic size whose range excludes 1 (a
-    dynamic token length, whose dimension starts at 2); other symbolic axes are left to the lowering.
+    is left) when the traced output kept every axis (torch found none of them to be 1), or else axes whose
+    static size is not 1 or whose symbolic range excludes 1; other symbolic axes are left to the lowering.
     Models: ParakeetForRNNT, ParakeetForTDT, NemotronAsrStreamingForRNNT (onnx in the sweep).
     Upstream: onnxscript function_libs/torch_lib/ops/core.py ``aten_squeeze_dim`` in onnxscript 0.7.2 (no report found)
     Remove when: torch.onnx lowers ``squeeze`` of a non-1 static axis to Identity.
@@ -225,7 +225,13 @@ def _fix_squeeze_of_wide_axis(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
         return False
     dims = [node.args[1]] if node.target is aten.squeeze.dim else list(node.args[1])
     rank = val.dim()
-    wide = [d for d in dims if _known_not_one(val.shape[d % rank])]
+    out = node.meta.get("val")
+    if isinstance(out, torch.Tensor) and out.dim() == rank:
+        # the trace kept every axis: torch decided none of them was 1 (also when the axis is symbolic
+        # and its range, under size-oblivious tracing, still admits 1)
+        wide = dims
+    else:
+        wide = [d for d in dims if _known_not_one(val.shape[d % rank])]
     if not wide:
         return False
     kept = [d for d in dims if d not in wide]

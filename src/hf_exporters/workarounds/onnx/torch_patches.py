@@ -96,13 +96,18 @@ def _lstm_meta(input: Any, hx: Any, params: Any, *args: Any) -> Any:  # noqa: A0
     empty tensors of the input's kind (meta or fake).
 
     ``input`` (T, B, features) or, ``batch_first`` (the last positional argument), (B, T, features);
-    ``hx`` = (h0, c0), each (layers x directions, B, hidden); output (T, B, directions x hidden) or
-    (B, T, ...), then h_n and c_n shaped as h0 and c0.
+    ``hx`` = (h0, c0), h0 (layers x directions, B, hidden or proj_size) and c0 (layers x directions,
+    B, hidden); output (T, B, directions x h0's last size), or its (B, T, ...) transpose with
+    ``batch_first`` (the strides torch's own kernel gives), then h_n and c_n shaped as h0 and c0.
     """
-    bidirectional = bool(args[-2])
+    bidirectional, batch_first = bool(args[-2]), bool(args[-1])
     h0, c0 = hx
     width = (2 if bidirectional else 1) * h0.shape[2]
-    return input.new_empty((input.shape[0], input.shape[1], width)), h0.new_empty(h0.shape), c0.new_empty(c0.shape)
+    if batch_first:
+        output = input.new_empty((input.shape[1], input.shape[0], width)).transpose(0, 1)
+    else:
+        output = input.new_empty((input.shape[0], input.shape[1], width))
+    return output, h0.new_empty(h0.shape), c0.new_empty(c0.shape)
 
 
 def _lstm_shapes(fake_mode: Any, func: Any, *args: Any) -> Any:  # noqa: ARG001 - a fake rule's signature
