@@ -1228,3 +1228,44 @@ def test_distribution_in_forward_exports_and_validation_is_restored(tmp_path):
     reports = check_parity(Entropy(), runner, [{"logits": logits}, longer], atol=1e-5)
     assert [r.ok for r in reports] == [True, True]
     assert runner(longer)[0].shape == (3, 9)
+
+
+def test_fastspeech2_length_regulator_gives_a_data_dependent_frame_count(tmp_path):
+    """FastSpeech 2 expands each phoneme by its predicted duration: a branch on the durations' sum and a
+    per-sample ``repeat_interleave`` loop, then a relative-position decoder over the frames. Without
+    the three patches the trace stops on a data-dependent guard; with them one dynamic program
+    matches eager on two input sets whose spectrograms differ in length, and the patched regulator
+    equals the model's own, the all-zero-durations rule included."""
+    import transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer as fs2
+
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+    from hf_exporters.workarounds.dynamo.model_patches import _patch_fastspeech2_length_regulator_gathered
+
+    patches = ("_patch_fastspeech2_length_regulator_gathered", "_patch_fastspeech2_relative_table_bounded", "_patch_relative_shift_gathered")
+    regulator = _patch_fastspeech2_length_regulator_gathered(fs2.length_regulator)
+    torch.manual_seed(0)
+    embeddings = torch.randn(3, 5, 4)
+    for durations in (torch.tensor([[1, 0, 2, 3, 0], [0, 0, 0, 0, 0], [4, 1, 1, 0, 2]]), torch.zeros(3, 5, dtype=torch.long)):
+        expected = fs2.length_regulator(embeddings, durations.clone())
+        got = regulator(embeddings, durations.clone())
+        assert got.shape == expected.shape and torch.equal(got, expected)
+
+    model = build_model("FastSpeech2ConformerModel")
+    inputs = build_inputs(model)
+    with without_workarounds(*patches):
+        with pytest.raises(ExportStageError) as failed:
+            DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))
+        assert failed.value.stage == "trace (torch.export.export)"
+        assert "GuardOnDataDependentSymNode" in str(failed.value)
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    batch, length = inputs["input_ids"].shape
+    other = {**inputs, "input_ids": torch.randint(1, model.config.vocab_size, (batch + 1, length + 3))}
+    other = {k: (torch.ones_like(other["input_ids"]) if k == "attention_mask" else v) for k, v in other.items()}
+    runner = exporter.load_runner(exporter.save(program, tmp_path))
+    reports = check_parity(model, runner, [inputs, other], atol=1e-4)
+    assert [r.ok for r in reports] == [True, True]
+    with torch.no_grad():
+        frames = [model(**s).spectrogram.shape[1] for s in (inputs, other)]
+    assert frames[0] != frames[1]

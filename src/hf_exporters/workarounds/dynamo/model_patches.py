@@ -1736,3 +1736,102 @@ def _patch_pixtral_same_size_images_batched(original: Any) -> Any:
 
     forward.__name__, forward.__qualname__, forward.__doc__ = body.__name__, body.__qualname__, body.__doc__
     return merge_with_config_defaults(capture_outputs(forward))
+
+
+@register_patch("dynamo", "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer.length_regulator", loaded_only=True)
+def _patch_fastspeech2_length_regulator_gathered(original: Any) -> Any:
+    """FastSpeech 2's length regulator as one gather over frames, without a branch on the durations' sum
+    or a loop over the batch.
+
+    Pattern: ``if duration_labels.sum() == 0: ...`` branches on tensor data (``Eq(u0, 1)``), then each
+    sample's token embeddings are repeated by ``repeat_interleave(embedding, duration)`` in a Python
+    loop and written into a ``(batch, max_len, hidden)`` buffer. The patch keeps the rule (when every
+    duration of the batch is 0, rows whose durations sum to 0 take 1 per token) with ``torch.where``,
+    and fills frame ``f`` of sample ``b`` with the token whose duration span holds it (the count of
+    cumulative durations <= ``f``), zero past the sample's total: the same ``(batch, max_len, hidden)``
+    float tensor. ``max_len`` (frames, the largest total) stays a data-dependent size; the comparison
+    costs batch x frames x tokens booleans.
+    Models: FastSpeech2ConformerModel, FastSpeech2ConformerWithHifiGan.
+    Upstream: transformers models/fastspeech2_conformer/modeling_fastspeech2_conformer.py (``length_regulator``); no report found
+    Remove when: the regulator expands durations without a data-dependent branch or per-sample loop.
+    """
+
+    @functools.wraps(original)
+    def length_regulator(encoded_embeddings: torch.Tensor, duration_labels: torch.Tensor, speaking_speed: float = 1.0) -> torch.Tensor:
+        if speaking_speed <= 0 or encoded_embeddings.dim() != 3 or duration_labels.dim() != 2:
+            return original(encoded_embeddings, duration_labels, speaking_speed)  # raises the model's error
+        if speaking_speed != 1.0:
+            duration_labels = torch.round(duration_labels.float() * speaking_speed).long()
+        per_sample = duration_labels.sum(dim=1)  # (batch,)
+        refill = per_sample.eq(0) & per_sample.sum().eq(0)
+        duration_labels = torch.where(refill[:, None], torch.ones_like(duration_labels), duration_labels)
+        ends = duration_labels.cumsum(dim=1)  # (batch, tokens): each token's last frame + 1
+        totals = ends[:, -1]
+        frames = torch.arange(totals.max().item(), device=ends.device)  # (max_len,)
+        token = (ends[:, None, :] <= frames[None, :, None]).sum(dim=-1).clamp(max=encoded_embeddings.shape[1] - 1)
+        picked = encoded_embeddings.gather(1, token[..., None].expand(-1, -1, encoded_embeddings.shape[2]))
+        inside = frames[None, :] < totals[:, None]  # (batch, max_len)
+        return torch.where(inside[..., None], picked, torch.zeros((), dtype=picked.dtype, device=picked.device)).float()
+
+    return length_regulator
+
+
+@register_patch(
+    "dynamo", "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer.FastSpeech2ConformerRelPositionalEncoding.forward", loaded_only=True
+)
+def _patch_fastspeech2_relative_table_bounded(original: Any) -> Any:
+    """FastSpeech 2's relative positional table used as it is for a symbolic length, with the length
+    checked against it at run time.
+
+    Pattern: ``extend_pos_enc`` rebuilds the table when ``pos_enc.size(1) < 2 * length - 1``; after the
+    length regulator the decoder's length is data-dependent and the comparison cannot be decided
+    (``2*u0 - 1 <= 9999``). For a symbolic length the patch records ``2 * length - 1 <= table length``
+    as a runtime check (``torch._check``: 5,000 frames for the model's 9,999-row table) and the
+    method takes the table as it is; a longer input fails the check instead of reading past the table.
+    Models: FastSpeech2ConformerModel, FastSpeech2ConformerWithHifiGan.
+    Upstream: transformers models/fastspeech2_conformer/modeling_fastspeech2_conformer.py
+        (``FastSpeech2ConformerRelPositionalEncoding.extend_pos_enc``); no report found
+    Remove when: the table is a fixed buffer sliced by length.
+    """
+
+    @functools.wraps(original)
+    def forward(self: Any, feature_representation: torch.Tensor) -> Any:
+        length = feature_representation.size(1)
+        if not isinstance(length, int):
+            torch._check(length * 2 - 1 <= self.pos_enc.size(1))
+        return original(self, feature_representation)
+
+    return forward
+
+
+@register_patch(
+    "dynamo",
+    "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer.FastSpeech2ConformerAttention.shift_relative_position_tensor",
+    loaded_only=True,
+)
+def _patch_relative_shift_gathered(original: Any) -> Any:
+    """The relative-position shift of conformer attention as one gather instead of pad, view and slice.
+
+    Pattern: scores against relative positions, (batch, heads, T, 2T - 1), are shifted by padding one
+    column, viewing the result as (batch, heads, 2T, T), dropping a row and viewing back; the views of
+    a slice need the length's strides and, for a data-dependent length, guard on it (``Eq(u0, 1)``).
+    Element ``[i, j]`` of the shifted (batch, heads, T, T) scores is ``[i, T - 1 - i + j]`` of the
+    input, which the patch gathers with that index: the same values.
+    Models: FastSpeech2ConformerModel, FastSpeech2ConformerWithHifiGan.
+    Upstream: transformers models/fastspeech2_conformer/modeling_fastspeech2_conformer.py
+        (``FastSpeech2ConformerAttention.shift_relative_position_tensor``); no report found
+    Remove when: the shift is written as a gather or the view guards are size-oblivious.
+    """
+
+    @functools.wraps(original)
+    def shift_relative_position_tensor(self: Any, pos_tensor: torch.Tensor) -> torch.Tensor:
+        if pos_tensor.dim() != 4:
+            return original(self, pos_tensor)
+        length, width = pos_tensor.size(2), pos_tensor.size(3)
+        if isinstance(length, int) and isinstance(width, int) and width != 2 * length - 1:
+            return original(self, pos_tensor)
+        rows = torch.arange(length, device=pos_tensor.device)
+        index = (length - 1) - rows[:, None] + rows[None, :]  # (T, T), in [0, 2T - 2]
+        return pos_tensor.gather(-1, index.expand(*pos_tensor.shape[:2], length, length))
+
+    return shift_relative_position_tensor
