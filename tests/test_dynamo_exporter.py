@@ -1269,3 +1269,37 @@ def test_fastspeech2_length_regulator_gives_a_data_dependent_frame_count(tmp_pat
     with torch.no_grad():
         frames = [model(**s).spectrogram.shape[1] for s in (inputs, other)]
     assert frames[0] != frames[1]
+
+
+def test_kimi_vision_indices_keep_the_grid_symbolic(tmp_path):
+    """Kimi-K2.5's vision tower reads the grid with ``int()`` in its frame index and its temporal
+    pooling index, which stops even a static trace. The patched helpers equal the model's own on
+    images and multi-frame clips; with them one dynamic program matches eager on two images of different sizes and on
+    two two-frame clips of other sizes (the image count stays fixed: transformers' position-id helper
+    loops over the images)."""
+    import transformers.models.kimi_k25.modeling_kimi_k25 as kimi
+
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+    from hf_exporters.workarounds.dynamo.model_patches import _patch_kimi_frame_index_symbolic, _patch_kimi_temporal_merge_index_symbolic
+
+    frame_index = _patch_kimi_frame_index_symbolic(kimi.get_vision_frame_index)
+    merge_index = _patch_kimi_temporal_merge_index_symbolic(kimi.get_vision_temporal_merge_index)
+    for grid in ([[1, 4, 6], [1, 2, 2]], [[3, 4, 2], [3, 2, 4]], [[2, 6, 4]]):
+        grid = torch.tensor(grid)
+        assert torch.equal(frame_index(grid), kimi.get_vision_frame_index(grid))
+        got, want = merge_index(grid, 2, 2), kimi.get_vision_temporal_merge_index(grid, 2, 2)
+        assert got.shape == want.shape and torch.equal(got, want)
+
+    model = build_model("Kimi_K25VisionModel")
+    inputs = build_inputs(model)
+    with without_workarounds("_patch_kimi_frame_index_symbolic", "_patch_kimi_temporal_merge_index_symbolic"):
+        with pytest.raises(ExportStageError, match="data-dependent"):
+            DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))
+    patch = inputs["pixel_values"].shape[1:]
+    images = {"pixel_values": torch.randn(16 + 8, *patch), "grid_thw": torch.tensor([[1, 4, 4], [1, 2, 4]])}
+    exporter = DynamoExporter()
+    program = exporter.export(model, images, DynamoConfig(dynamic=True))
+    clips = {"pixel_values": torch.randn(2 * 2 * 4 + 2 * 4 * 6, *patch), "grid_thw": torch.tensor([[2, 2, 4], [2, 4, 6]])}
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [images, clips], atol=1e-4)
+    assert [r.ok for r in reports] == [True, True]

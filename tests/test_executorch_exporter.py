@@ -785,3 +785,42 @@ def test_fnet_fourier_mixing_exports_for_executorch(tmp_path):
         model, inputs, "_patch_fnet_fourier_as_real_matmuls", re.escape("aten._fft_"), tmp_path, atol=1e-3,
     )
     assert report.ok and report.max_abs_diff < 1e-4
+
+
+class _PositionTaps(torch.nn.Module):
+    """A learned position table resampled per patch: a weighted sum of ``taps`` rows (Kimi-K2.5)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(16, 8, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, taps: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        summed = torch.nn.functional.embedding_bag(taps, self.table, per_sample_weights=weights, mode="sum")
+        return summed + torch.nn.functional.embedding_bag(taps, self.table, mode="max")
+
+
+def test_patch_embedding_bag_as_gather_and_reduce(tmp_path):
+    """``F.embedding_bag`` leaves ``aten._embedding_bag`` in the program, which ExecuTorch's kernels
+    lack (the load fails, naming the operator); the patch's gather and reduction give torch's values
+    for every mode and run in the ExecuTorch runtime."""
+    import torch.nn.functional as F
+
+    from hf_exporters.workarounds.executorch.torch_patches import _patch_embedding_bag_as_gather_and_reduce
+
+    ours = _patch_embedding_bag_as_gather_and_reduce(F.embedding_bag)
+    table, taps, weights = torch.randn(16, 8), torch.randint(0, 16, (5, 4)), torch.rand(5, 4)
+    assert torch.allclose(ours(taps, table, per_sample_weights=weights, mode="sum"), F.embedding_bag(taps, table, per_sample_weights=weights, mode="sum"), atol=1e-6)
+    for mode in ("sum", "mean", "max"):
+        assert torch.equal(ours(taps, table, mode=mode), F.embedding_bag(taps, table, mode=mode))
+    offsets = torch.tensor([0, 2])
+    assert torch.equal(ours(taps[0], table, offsets), F.embedding_bag(taps[0], table, offsets))  # 1-D with offsets: torch's op
+    model, inputs = _PositionTaps(), {"taps": taps, "weights": weights}
+    with without_workarounds("_patch_embedding_bag_as_gather_and_reduce"):
+        exporter = ExecutorchExporter()
+        path = exporter.save(exporter.export(model, inputs), tmp_path / "without")
+        with pytest.raises(RuntimeError, match=r"no kernel for: aten::_embedding_bag\.out"):
+            exporter.load_runner(path)
+    exporter = ExecutorchExporter()
+    path = exporter.save(exporter.export(model, inputs), tmp_path / "with")
+    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-5)
+    assert report.ok and report.max_abs_diff < 1e-5

@@ -1835,3 +1835,74 @@ def _patch_relative_shift_gathered(original: Any) -> Any:
         return pos_tensor.gather(-1, index.expand(*pos_tensor.shape[:2], length, length))
 
     return shift_relative_position_tensor
+
+
+@register_patch("dynamo", "transformers.models.kimi_k25.modeling_kimi_k25.get_vision_frame_index", loaded_only=True)
+def _patch_kimi_frame_index_symbolic(original: Any) -> Any:
+    """Kimi-K2.5's per-patch frame index computed for every clip at once, the grid kept as symbols.
+
+    Pattern: ``for t, h, w in grid_thw.tolist(): t, h, w = int(t), int(h), int(w)``; the grid is data,
+    so ``int()`` stops the trace ("Could not extract specialized integer from data-dependent
+    expression u4") in static exports too. Patch ``p`` of a clip of ``t`` frames of ``h x w`` patches
+    is in frame ``p // (h * w)``; the index is that frame + 1 for a clip of more than one frame and 0
+    for an image: the same (sum of t * h * w,) int64 index. A precomputed ``frame_index`` in
+    ``kwargs`` is still popped and returned.
+    Models: Kimi_K25VisionModel (and the models around it).
+    Upstream: transformers models/kimi_k25/modeling_kimi_k25.py (``get_vision_frame_index``; its
+        docstring asks exporters to pass the index precomputed); no report found
+    Remove when: transformers computes the index without Python ints.
+    """
+
+    def get_vision_frame_index(grid_thw: torch.Tensor, kwargs: dict | None = None) -> torch.Tensor:
+        if kwargs is not None and kwargs.get("frame_index") is not None:
+            return original(grid_thw, kwargs=kwargs)
+        grid = grid_thw.long()
+        image, item = _packed_positions(grid[:, 0] * grid[:, 1] * grid[:, 2])
+        frames = grid[image, 0]
+        return item // (grid[image, 1] * grid[image, 2]) + (frames > 1).long()
+
+    return functools.wraps(original)(get_vision_frame_index)
+
+
+@register_patch("dynamo", "transformers.models.kimi_k25.modeling_kimi_k25.get_vision_temporal_merge_index", loaded_only=True)
+def _patch_kimi_temporal_merge_index_symbolic(original: Any) -> Any:
+    """Kimi-K2.5's temporal-pooling gather index computed for every clip at once, the grid kept as symbols.
+
+    Pattern: ``for t, h, w in grid_thw.tolist(): t, h, w = int(t), int(h), int(w)`` builds, clip by
+    clip, the ``(merged tokens, t, kh * kw)`` index of the patches each merged token pools; ``int()``
+    of data stops the trace. The clips of one call share ``t`` (the model concatenates their rows), so
+    the patch reads ``t`` once, checks at run time that every clip has it, and gives merged token
+    ``(block row, block column)`` of a clip, frame ``f`` and kernel cell ``(i, j)`` the patch
+    ``clip start + f * h * w + (block row * kh + i) * w + block column * kw + j``: the same int64
+    index. A precomputed ``temporal_merge_index`` in ``kwargs`` is still popped and returned.
+    Models: Kimi_K25VisionModel (and the models around it).
+    Upstream: transformers models/kimi_k25/modeling_kimi_k25.py (``get_vision_temporal_merge_index``);
+        no report found
+    Remove when: transformers computes the index without Python ints.
+    """
+
+    def get_vision_temporal_merge_index(grid_thw: torch.Tensor, kernel_height: int, kernel_width: int, kwargs: dict | None = None) -> torch.Tensor:
+        if kwargs is not None and kwargs.get("temporal_merge_index") is not None:
+            return original(grid_thw, kernel_height, kernel_width, kwargs=kwargs)
+        grid = grid_thw.long()
+        frames = grid[0, 0].item()
+        torch._check(frames >= 1)
+        torch._check((grid[:, 0] == frames).all().item(), lambda: "grid_thw: clips with different frame counts")
+        heights, widths = grid[:, 1], grid[:, 2]
+        blocks_w = widths // kernel_width
+        image, token = _packed_positions((heights // kernel_height) * blocks_w)  # merged tokens
+        cells = kernel_height * kernel_width
+        # one flat position per (merged token, frame, kernel cell), decoded without broadcasting
+        # between data-dependent sizes
+        flat = torch.arange(token.shape[0] * frames * cells, device=grid.device)
+        merged, frame, cell = flat // (frames * cells), (flat // cells) % frames, flat % cells
+        image, token = image[merged], token[merged]
+        width = widths[image]
+        row = (token // blocks_w[image]) * kernel_height + cell // kernel_width
+        col = (token % blocks_w[image]) * kernel_width + cell % kernel_width
+        counts = grid[:, 0] * heights * widths
+        start = (torch.cumsum(counts, 0) - counts)[image]
+        index = start + frame * (heights * widths)[image] + row * width + col
+        return index.view(-1, frames, cells)
+
+    return functools.wraps(original)(get_vision_temporal_merge_index)

@@ -199,6 +199,42 @@ def _patch_bucketize_by_comparison(original: Any) -> Any:
     return bucketize
 
 
+@register_patch("executorch", "torch.nn.functional.embedding_bag")
+def _patch_embedding_bag_as_gather_and_reduce(original: Any) -> Any:
+    """``F.embedding_bag`` over fixed-size bags as a row gather and a reduction.
+
+    Pattern: a learned position grid resampled per patch as a weighted sum of table rows,
+    ``F.embedding_bag(indices, table, per_sample_weights=weights, mode="sum")`` with ``indices`` and
+    ``weights`` (patches, taps) (Kimi-K2.5's vision embeddings). The program keeps
+    ``aten._embedding_bag``, for which ExecuTorch's kernel library has no kernel (loading fails with
+    "the program calls operators this ExecuTorch runtime has no kernel for: aten::_embedding_bag.out").
+    For 2-D ``input`` (bags, n), no offsets, no ``max_norm`` and no ``padding_idx``, the result is
+    ``weight[input]`` (bags, n, dim), times ``per_sample_weights[..., None]`` when given, reduced over
+    the bag by sum, mean or max: (bags, dim), as torch computes it. Other calls (1-D input with
+    offsets, empty bags, norms, padding) go to ``F.embedding_bag``.
+    Models: Kimi_K25VisionModel (executorch in the sweep).
+    Upstream: executorch kernels/portable (no embedding_bag kernel in executorch 1.4.1); no report found
+    Remove when: ExecuTorch's portable library registers ``aten::_embedding_bag.out``.
+    """
+
+    def embedding_bag(input: Any, weight: Any, offsets: Any = None, max_norm: Any = None, norm_type: float = 2, scale_grad_by_freq: bool = False, mode: str = "mean", sparse: bool = False, per_sample_weights: Any = None, include_last_offset: bool = False, padding_idx: Any = None) -> Any:  # noqa: A002 - torch's names
+        plain = (
+            isinstance(input, torch.Tensor) and input.dim() == 2 and offsets is None and max_norm is None and padding_idx is None
+            and mode in ("sum", "mean", "max") and (per_sample_weights is None or mode == "sum")
+            and not (isinstance(input.shape[1], int) and input.shape[1] == 0)
+        )
+        if not plain:
+            return original(input, weight, offsets, max_norm, norm_type, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset, padding_idx)
+        rows = weight[input]  # (bags, n, dim)
+        if per_sample_weights is not None:
+            rows = rows * per_sample_weights.to(rows.dtype)[..., None]
+        if mode == "sum":
+            return rows.sum(dim=1)
+        return rows.mean(dim=1) if mode == "mean" else rows.amax(dim=1)
+
+    return embedding_bag
+
+
 @register_patch("executorch", "torch.erfinv", "torch.Tensor.erfinv", "torch.special.erfinv")
 def _patch_erfinv_by_polynomial(_original: Any) -> Any:
     """``torch.erfinv`` as Giles' single-precision polynomials in elementwise ops.
