@@ -1275,8 +1275,7 @@ def test_kimi_vision_indices_keep_the_grid_symbolic(tmp_path):
     """Kimi-K2.5's vision tower reads the grid with ``int()`` in its frame index and its temporal
     pooling index, which stops even a static trace. The patched helpers equal the model's own on
     images and multi-frame clips; with them one dynamic program matches eager on two images of different sizes and on
-    two two-frame clips of other sizes (the image count stays fixed: transformers' position-id helper
-    loops over the images)."""
+    three two-frame clips of other sizes."""
     import transformers.models.kimi_k25.modeling_kimi_k25 as kimi
 
     from hf_exporters.sweep.inputs import build_inputs
@@ -1300,6 +1299,46 @@ def test_kimi_vision_indices_keep_the_grid_symbolic(tmp_path):
     images = {"pixel_values": torch.randn(16 + 8, *patch), "grid_thw": torch.tensor([[1, 4, 4], [1, 2, 4]])}
     exporter = DynamoExporter()
     program = exporter.export(model, images, DynamoConfig(dynamic=True))
-    clips = {"pixel_values": torch.randn(2 * 2 * 4 + 2 * 4 * 6, *patch), "grid_thw": torch.tensor([[2, 2, 4], [2, 4, 6]])}
+    clips = {"pixel_values": torch.randn(2 * 2 * 4 * 2 + 2 * 4 * 6, *patch), "grid_thw": torch.tensor([[2, 2, 4], [2, 4, 6], [2, 4, 2]])}
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [images, clips], atol=1e-4)
+    assert [r.ok for r in reports] == [True, True]
+
+
+def test_vision_position_ids_and_videollama3_downsampling_for_any_image_count(tmp_path):
+    """transformers' vision position-id helper loops over the images (the image count ends static) and
+    VideoLLaMA3 downsamples each image with views and ``interpolate`` on its grid (even a static trace
+    stops). The patched helpers equal the originals on images, clips and per-image merge sizes; with
+    them one VideoLLaMA3 vision program matches eager on one image and on three of other sizes."""
+    import transformers.models.video_llama_3.modeling_video_llama_3 as vl3
+    import transformers.vision_utils as vision_utils
+
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+    from hf_exporters.workarounds.dynamo.model_patches import _patch_videollama3_pixel_unshuffle_gathered, _patch_vision_position_ids_symbolic
+
+    position_ids = _patch_vision_position_ids_symbolic(vision_utils.get_vision_position_ids)
+    unshuffle = _patch_videollama3_pixel_unshuffle_gathered(vl3.VideoLlama3VisionModel.pixel_unshuffle)
+    torch.manual_seed(0)
+    for grid, merge in (([[1, 4, 6], [1, 2, 2]], 2), ([[3, 4, 2], [2, 2, 4]], 1), ([[2, 6, 4], [1, 4, 4]], [2, 1]), ([[2, 4, 8], [1, 6, 3]], [4, 3])):
+        grid = torch.tensor(grid)
+        merge = merge if isinstance(merge, int) else torch.tensor(merge)
+        for temporal in (False, True):
+            got, want = position_ids(grid, merge, include_temporal=temporal), vision_utils.get_vision_position_ids(grid, merge, include_temporal=temporal)
+            assert got.shape == want.shape and torch.equal(got, want)
+        if not isinstance(merge, int):
+            hidden = torch.randn(int(grid.prod(dim=1).sum()), 5)
+            got, want = unshuffle(None, hidden, grid, merge), vl3.VideoLlama3VisionModel.pixel_unshuffle(None, hidden, grid, merge)
+            assert got.shape == want.shape and torch.equal(got, want)
+
+    model = build_model("VideoLlama3VisionModel")
+    inputs = build_inputs(model)
+    with without_workarounds("_patch_videollama3_pixel_unshuffle_gathered"):
+        with pytest.raises(ExportStageError, match="data-dependent"):
+            DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    assert exporter.static_axes == []
+    width = inputs["pixel_values"].shape[1]
+    three = {"pixel_values": torch.randn(4 + 8 + 4, width), "grid_thw": torch.tensor([[1, 2, 2], [2, 2, 2], [1, 2, 2]]), "merge_sizes": torch.tensor([1, 1, 1])}
+    reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, three], atol=1e-4)
     assert [r.ok for r in reports] == [True, True]

@@ -1906,3 +1906,93 @@ def _patch_kimi_temporal_merge_index_symbolic(original: Any) -> Any:
         return index.view(-1, frames, cells)
 
     return functools.wraps(original)(get_vision_temporal_merge_index)
+
+
+def _merge_block_coordinates(grid: torch.Tensor, merge: torch.Tensor, image: torch.Tensor, item: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, column) in its frame of each patch laid out block-major: frame after frame, ``m x m``
+    merge blocks in row-major order (``m = merge[image]``), the block's patches row-major inside it.
+
+    ``grid`` (images, 3) int64 ``(t, h, w)``; ``image`` and ``item`` (patches,): each patch's image
+    and place within it (:func:`_packed_positions`). Returns two (patches,) int64 tensors."""
+    width = grid[image, 2]
+    m = merge[image]
+    q = item % (grid[image, 1] * width)  # place within the frame
+    blocks_w = width // m
+    block, inside = q // (m * m), q % (m * m)
+    return (block // blocks_w) * m + inside // m, (block % blocks_w) * m + inside % m
+
+
+@register_patch("dynamo", "transformers.vision_utils.get_vision_position_ids", "transformers.models.*.modeling_*.get_vision_position_ids")
+def _patch_vision_position_ids_symbolic(original: Any) -> Any:
+    """Rotary position ids of packed vision patches computed for every image at once, the number of
+    images and their grids kept as symbols.
+
+    Pattern: ``get_vision_position_ids(grid_thw, merge)`` loops over ``zip(grid_thw.tolist(),
+    merge.tolist())`` and builds each image's ids with ``meshgrid``; the Python loop fixes the number
+    of images (a dynamic ``grid_thw`` axis 0 ends static, "You marked n as dynamic but your code
+    specialized it to be a constant (2)"). Each patch's (row, column) in block-major order comes from
+    its place in its image (:func:`_merge_block_coordinates`), with the frame index in front when
+    ``include_temporal``: the same (sum of t * h * w, 2 or 3) int64 ids. A precomputed
+    ``position_ids`` in ``kwargs`` is still popped and returned.
+    Models: the Qwen2-VL family and the vision towers that share transformers' helper (Qwen2.5/3/3.5-VL,
+        GLM-4V, GLM-OCR, GLM-Image, HunYuan-VL, LFM3-VL, PaddleOCR-VL, MiniMax-M3-VL, Kimi-K2.5,
+        VideoLLaMA3, ...).
+    Upstream: transformers ``vision_utils.get_vision_position_ids`` (its docstring asks exporters to
+        pass the ids precomputed); no report found
+    Remove when: transformers computes the ids without a Python loop over the images.
+    """
+
+    def get_vision_position_ids(grid_thw: torch.Tensor, spatial_merge_size: Any, include_temporal: bool = False, kwargs: dict | None = None) -> torch.Tensor:
+        if kwargs is not None and kwargs.get("position_ids") is not None:
+            return original(grid_thw, spatial_merge_size, include_temporal=include_temporal, kwargs=kwargs)
+        grid = grid_thw.long()
+        if isinstance(spatial_merge_size, int):
+            merge = torch.full_like(grid[:, 0], spatial_merge_size)
+        else:
+            merge = torch.as_tensor(spatial_merge_size, device=grid.device).long().reshape(-1).expand(grid.shape[0])
+        image, item = _packed_positions(grid[:, 0] * grid[:, 1] * grid[:, 2])
+        row, col = _merge_block_coordinates(grid, merge, image, item)
+        if include_temporal:
+            return torch.stack([item // (grid[image, 1] * grid[image, 2]), row, col], dim=-1)
+        return torch.stack([row, col], dim=-1)
+
+    return functools.wraps(original)(get_vision_position_ids)
+
+
+@register_patch("dynamo", "transformers.models.video_llama_3.modeling_video_llama_3.VideoLlama3VisionModel.pixel_unshuffle", loaded_only=True)
+def _patch_videollama3_pixel_unshuffle_gathered(original: Any) -> Any:
+    """VideoLLaMA3's merge-block downsampling of every image at once, as a gather of each block's centre.
+
+    Pattern: ``hidden_states.split(grid_thw.prod(dim=1).tolist())`` and, per image, a view back to the
+    raster ``(t, h, w, c)`` and a bilinear ``interpolate`` to ``(h / m, w / m)``; the grid is data,
+    so the views guard on its values ("Could not guard on data-dependent expression 64*u12*u13*u6 <
+    2") in static exports too. Downsampling by exactly ``m`` (bilinear, no corner alignment) samples
+    each ``m x m`` block at its centre, ``(m - 1) / 2`` from its first row and column: the mean of the
+    block's middle two rows and columns for an even ``m``, its middle patch for an odd one. The input
+    holds each block's patches on ``m * m`` consecutive rows, so the patch gathers those rows for
+    every block of every image at once: the same (sum of t * h * w / m^2, channels) output, blocks in
+    the order the model emits them.
+    Models: VideoLlama3VisionModel (and the models around it).
+    Upstream: transformers models/video_llama_3/modeling_video_llama_3.py (``VideoLlama3VisionModel.pixel_unshuffle``);
+        no report found
+    Remove when: the downsampling is computed without a per-image loop.
+    """
+
+    @functools.wraps(original)
+    def pixel_unshuffle(self: Any, hidden_states: torch.Tensor, grid_thw: torch.Tensor, merge_sizes: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dim() != 2:
+            return original(self, hidden_states, grid_thw, merge_sizes)
+        grid = grid_thw.long()
+        m = torch.as_tensor(merge_sizes, device=grid.device).long().reshape(-1).expand(grid.shape[0])
+        per_block = m * m
+        blocks = grid[:, 0] * (grid[:, 1] // m) * (grid[:, 2] // m)
+        image, block = _packed_positions(blocks)
+        image_start = (torch.cumsum(grid[:, 0] * grid[:, 1] * grid[:, 2], 0) - grid[:, 0] * grid[:, 1] * grid[:, 2])[image]
+        size = m[image]
+        first = image_start + block * per_block[image]  # the block's first row
+        low, high = (size - 1) // 2, size // 2  # the centre rows (and columns) inside the block
+        corners = [first + r * size + c for r in (low, high) for c in (low, high)]
+        picked = torch.stack([hidden_states[index] for index in corners], dim=0)  # (4, blocks, channels)
+        return picked.mean(dim=0)
+
+    return pixel_unshuffle
