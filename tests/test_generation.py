@@ -133,6 +133,18 @@ def llava():
     return model, sets
 
 
+def jamba():
+    """A hybrid cache: one Mamba layer (convolution and state-space states, fixed size) and one attention
+    layer (keys and values growing with the sequence). Exported from a left-padded batch of 2."""
+    config = tf.JambaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=2, num_experts_per_tok=1,
+        mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4, use_mamba_kernels=False, eos_token_id=None, pad_token_id=0,
+    )
+    model = tf.JambaForCausalLM(config)
+    return _spread_weights(model), [_text_inputs(2, 6, pad_left=2), _text_inputs(1, 9, seed=1)]
+
+
 MODELS = {
     "llama": llama,
     "qwen3": qwen3,
@@ -144,8 +156,9 @@ MODELS = {
     "bart": bart,
     "whisper": whisper,
     "llava": llava,
+    "jamba": jamba,
 }
-FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo"), ("llava", "dynamo")}
+FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo"), ("llava", "dynamo"), ("jamba", "dynamo")}
 #: (model, backend) pairs that do not pass yet, expected to fail (strictly), with the cause
 XFAIL: dict[tuple[str, str], str] = {}
 
@@ -340,3 +353,37 @@ def _write_tokenizer(folder) -> None:
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = tf.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(folder)
+
+
+def test_a_hybrid_cache_carries_recurrent_states_beside_keys_and_values(tmp_path):
+    """Jamba's cache holds a Mamba layer's convolution and state-space states (fixed size) and an
+    attention layer's keys and values. The folder's decode step takes them as one flat list, named in
+    the manifest, with a dynamic sequence axis on keys and values only; the states it returns are
+    the next step's inputs, and 8 greedy tokens equal eager generate() (test_greedy_ids_equal_eager)."""
+    model, input_sets = jamba()
+    exporter = make_exporter("dynamo")
+    artifacts = export_for_generation(exporter, model, input_sets[0], make_config(exporter, True, None))
+    manifest = artifacts.save_pretrained(tmp_path / "jamba")
+    cache = manifest["parts"]["decode"]["cache"]
+    assert cache["layers"] == 2
+    assert cache["tensors"] == ["conv.0 0", "recurrent.0 0", "key 1", "value 1"]
+    past = [i for i in manifest["parts"]["decode"]["inputs"] if i["name"].startswith("past_key_values")]
+    assert len(past) == 4
+    spec = artifacts.parts["decode"].dynamic_shapes["past_key_values"]
+    assert [sorted(axes) for axes in spec] == [[0], [0], [0, 2], [0, 2]]
+    generator = ExportedGenerator.from_pretrained(tmp_path / "jamba")
+    _assert_same_ids(model, generator, input_sets)
+
+
+def test_a_hybrid_cache_with_sliding_window_layers_is_refused_by_name():
+    """A recurrent layer paired with sliding-window attention (Inkling2) is not carried yet: the error
+    names the layer kind and the kinds that are."""
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("Inkling2ForCausalLM", use_cache=True)
+    inputs = {k: v for k, v in build_inputs(model).items() if k in ("input_ids", "attention_mask")}
+    with pytest.raises(InputError, match=r"^Inkling2ForCausalLM: generate\(\)'s cache holds recurrent state in layers of kind "
+                       r"LinearAttentionAndSlidingWindowAttentionLayer; only DynamicLayer, LinearAttentionLayer, "
+                       r"LinearAttentionAndFullAttentionLayer, DummyLayer layers are supported in a hybrid cache yet$"):
+        build_parts(model, inputs)

@@ -561,11 +561,12 @@ def test_a_generation_job_compares_token_ids_with_eager_generate() -> None:
     mamba = run_job({"class": "MambaForCausalLM", "backend": "dynamo", "dynamic": True, "mode": "generation"})
     assert (mamba["outcome"], mamba["stage"]) == ("fail", "exporter decompose")
     assert "state-space cache (cache_params) is not supported yet" in mamba["message"]
-    hybrid = run_job({"class": "FalconH1ForCausalLM", "backend": "dynamo", "dynamic": True, "mode": "generation"})
+    hybrid = run_job({"class": "Inkling2ForCausalLM", "backend": "dynamo", "dynamic": True, "mode": "generation"})
     assert (hybrid["outcome"], hybrid["stage"]) == ("fail", "exporter decompose")
     assert hybrid["message"] == (
-        "InputError: FalconH1ForCausalLM: generate()'s cache holds recurrent state (LinearAttentionAndFullAttentionLayer: "
-        "the convolution and state-space states of a hybrid model); only key/value caches are supported yet"
+        "InputError: Inkling2ForCausalLM: generate()'s cache holds recurrent state in layers of kind "
+        "LinearAttentionAndSlidingWindowAttentionLayer; only DynamicLayer, LinearAttentionLayer, "
+        "LinearAttentionAndFullAttentionLayer, DummyLayer layers are supported in a hybrid cache yet"
     )
 
 

@@ -205,6 +205,86 @@ def _flat_cache(cache: Any) -> list[torch.Tensor]:
     return [t for layer in cache.layers for t in (layer.keys, layer.values)]
 
 
+#: cache layer classes whose tensors a hybrid (recurrent + attention) flat cache carries (a DummyLayer,
+#: for a layer without attention or recurrence, holds none)
+_HYBRID_LAYER_CLASSES = ("DynamicLayer", "LinearAttentionLayer", "LinearAttentionAndFullAttentionLayer", "DummyLayer")
+
+
+def _hybrid_schema(cache: Any) -> list[dict[str, Any]]:
+    """Per layer of a hybrid ``DynamicCache`` (built from the model config): which tensors it holds, in
+    the flat order: ``("keys",)``, ``("values",)`` for an attention part that holds tokens, then
+    ``("conv", i)`` and ``("recurrent", i)`` for each initialized state ``i`` of a recurrent part, with
+    the flags a decode step needs (``has_previous_state``)."""
+    from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+
+    schema = []
+    for layer in cache.layers:
+        entries: list[tuple[Any, ...]] = []
+        if isinstance(layer, DynamicLayer) and getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
+            entries += [("keys",), ("values",)]
+        previous: dict[int, bool] = {}
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            for i in range(layer.number_of_states):
+                if layer.is_conv_states_initialized[i]:
+                    entries.append(("conv", i))
+                if layer.is_recurrent_states_initialized[i]:
+                    entries.append(("recurrent", i))
+            previous = dict(layer.has_previous_state)
+        schema.append({"entries": entries, "has_previous_state": previous})
+    return schema
+
+
+def _flat_hybrid(cache: Any, schema: list[dict[str, Any]]) -> list[torch.Tensor]:
+    """The tensors of a hybrid cache in ``schema`` order (:func:`_hybrid_schema`)."""
+    flat = []
+    for layer, layout in zip(cache.layers, schema):
+        for entry in layout["entries"]:
+            if entry[0] in ("keys", "values"):
+                flat.append(getattr(layer, entry[0]))
+            else:
+                flat.append((layer.conv_states if entry[0] == "conv" else layer.recurrent_states)[entry[1]])
+    return flat
+
+
+def _hybrid_cache(config: Any, schema: list[dict[str, Any]], flat: list[torch.Tensor] | None) -> Any:
+    """A ``DynamicCache`` with the config's layer kinds, empty (``flat`` None: prefill) or holding
+    ``flat`` in ``schema`` order with the prefill's flags set (decode). Recurrent states are cloned:
+    the layers update them in place, which must not write into the step's inputs."""
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache(config=config)
+    if flat is None:
+        return cache
+    tensors = iter(flat)
+    for layer, layout in zip(cache.layers, schema):
+        for entry in layout["entries"]:
+            tensor = next(tensors)
+            layer.dtype, layer.device = tensor.dtype, tensor.device
+            if entry[0] in ("keys", "values"):
+                setattr(layer, entry[0], tensor)
+                layer.is_initialized = True
+            elif entry[0] == "conv":
+                layer.conv_states[entry[1]] = tensor.clone()
+                layer.is_conv_states_initialized[entry[1]] = True
+                layer.conv_kernel_size[entry[1]] = tensor.shape[-1]
+            else:
+                layer.recurrent_states[entry[1]] = tensor.clone()
+                layer.is_recurrent_states_initialized[entry[1]] = True
+        for i, flag in layout["has_previous_state"].items():
+            layer.has_previous_state[i] = flag
+    return cache
+
+
+def _hybrid_kinds(schema: list[dict[str, Any]]) -> list[str]:
+    """Each flat tensor's role: ``key``/``value`` (batch, kv_heads, seq, head_dim) or ``conv``/``recurrent``
+    (batch, ...) with its layer and state index, e.g. ``conv 1.0``."""
+    return [
+        (entry[0][:-1] if entry[0] in ("keys", "values") else f"{entry[0]}.{entry[1]}") + f" {index}"
+        for index, layout in enumerate(schema)
+        for entry in layout["entries"]
+    ]
+
+
 def _position_ids(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
     """Positions as ``generate()`` computes them from a (left-padded) mask: ``(B, length)``."""
     positions = attention_mask.long().cumsum(-1) - 1
@@ -222,15 +302,23 @@ class DecoderStep(torch.nn.Module):
         self.config = model.config
         self._positions = _accepts(model, "position_ids")
         self._keep = _accepts(model, "logits_to_keep")
+        #: set for a hybrid model (recurrent and attention layers): the cache is built from the config,
+        #: and the flat tensors follow this schema (:func:`_hybrid_schema`), read off the eager prefill
+        self.hybrid = False
+        self.schema: list[dict[str, Any]] | None = None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key_values: list[torch.Tensor] | None = None):
         return self._step(input_ids, attention_mask, past_key_values)
 
     def _step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key_values: list[torch.Tensor] | None, **extra: Any):
+        if self.hybrid:
+            cache = _hybrid_cache(self.config, self.schema or [], past_key_values)
+        else:
+            cache = _dynamic_cache(past_key_values)
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
-            "past_key_values": _dynamic_cache(past_key_values),
+            "past_key_values": cache,
             "use_cache": True,
             **extra,
         }
@@ -239,6 +327,10 @@ class DecoderStep(torch.nn.Module):
         if self._keep:
             kwargs["logits_to_keep"] = 1
         out = self.model(**kwargs)
+        if self.hybrid:
+            if self.schema is None:
+                self.schema = _hybrid_schema(out.past_key_values)
+            return (out.logits[:, -1, :], *_flat_hybrid(out.past_key_values, self.schema))
         return (out.logits[:, -1, :], *_flat_cache(out.past_key_values))
 
 
@@ -436,8 +528,13 @@ def _relaxed(spec: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
     return {k: ([fix(d) for d in v] if isinstance(v, list) else fix(v)) for k, v in spec.items()}
 
 
-def _cache_spec(flat: list[torch.Tensor], length: Any = None) -> list[dict[int, Any]]:
-    return [{0: _BATCH, 2: length} if length is not None else {0: _BATCH} for _ in flat]
+def _cache_spec(flat: list[torch.Tensor], length: Any = None, kinds: list[str] | None = None) -> list[dict[int, Any]]:
+    """Dynamic axes of flat cache tensors: batch, and the sequence axis 2 of key/value tensors when
+    ``length`` is given (recurrent states, named by ``kinds``, have no sequence axis)."""
+    def seq(i: int) -> bool:
+        return length is not None and (kinds is None or kinds[i].split(" ")[0] in ("key", "value"))
+
+    return [{0: _BATCH, 2: length} if seq(i) else {0: _BATCH} for i in range(len(flat))]
 
 
 def _present_names(count: int) -> list[str]:
@@ -493,21 +590,27 @@ def _decode_example(decode_call: dict[str, Any], mask: torch.Tensor, cache: list
     return inputs, layout
 
 
-def _reject_recurrent_cache_layers(model: torch.nn.Module, cache: Any) -> None:
-    """Raise InputError when ``generate()``'s cache holds recurrent state (linear-attention or Mamba
-    layers of a hybrid model: convolution and SSM states), which the flat key/value cache cannot carry.
+def _hybrid_cache_layers(model: torch.nn.Module, cache: Any) -> bool:
+    """Whether ``generate()``'s cache holds recurrent state (the linear-attention or Mamba layers of a
+    hybrid model: convolution and state-space states), which the decode step then carries as fixed-size
+    tensors beside the key/value tensors.
 
     Raises:
-        InputError: the cache has a layer with recurrent state; names the layer kinds.
+        InputError: a recurrent layer kind whose tensors the flat cache does not carry (a sliding-window
+            or static attention part); names the kinds.
     """
     from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
-    kinds = sorted({type(layer).__name__ for layer in getattr(cache, "layers", []) if isinstance(layer, LinearAttentionCacheLayerMixin)})
-    if kinds:
+    layers = getattr(cache, "layers", [])
+    if not any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers):
+        return False
+    other = sorted({type(layer).__name__ for layer in layers if type(layer).__name__ not in _HYBRID_LAYER_CLASSES})
+    if other:
         raise InputError(
-            f"{type(model).__name__}: generate()'s cache holds recurrent state ({', '.join(kinds)}: the convolution and "
-            "state-space states of a hybrid model); only key/value caches are supported yet"
+            f"{type(model).__name__}: generate()'s cache holds recurrent state in layers of kind {', '.join(other)}; "
+            f"only {', '.join(_HYBRID_LAYER_CLASSES)} layers are supported in a hybrid cache yet"
         )
+    return True
 
 
 def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], decode_call: dict[str, Any]) -> dict[str, GenerationPart]:
@@ -515,8 +618,8 @@ def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], de
         raise InputError(f"{type(model).__name__}: a state-space cache (cache_params) is not supported yet; only key/value caches are")
     if "input_ids" not in prefill_call:
         raise InputError(f"{type(model).__name__}: generate() did not pass input_ids to forward")
-    _reject_recurrent_cache_layers(model, prefill_call.get("past_key_values"))
     step = DecoderStep(model)
+    step.hybrid = _hybrid_cache_layers(model, prefill_call.get("past_key_values"))
     ids = prefill_call["input_ids"]
     mask = _mask_or_ones(prefill_call, ids)
     prefill_inputs = {"input_ids": ids, "attention_mask": mask}
@@ -525,6 +628,16 @@ def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], de
     if not cache:
         raise InputError(f"{type(model).__name__}: the model returned no key/value cache (state-space caches are not supported yet)")
     decode_inputs, layout = _decode_example(decode_call, mask, cache)
+    kinds = None
+    if step.hybrid:
+        kinds = _hybrid_kinds(step.schema or [])
+        layout = {
+            "kind": "dynamic",
+            "layers": len(step.schema or []),
+            "tensor_layout": "per layer in order: key then value (batch, kv_heads, seq, head_dim) for an attention layer, then "
+            "each recurrent state (batch, ...), fixed size; the past's tensors are the previous step's presents",
+            "tensors": kinds,
+        }
     return {
         "prefill": GenerationPart(
             "prefill",
@@ -540,7 +653,7 @@ def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], de
             "decode",
             step,
             decode_inputs,
-            {"input_ids": {0: _BATCH}, "attention_mask": {0: _BATCH, 1: _PAST}, "past_key_values": _cache_spec(cache, _PAST)},
+            {"input_ids": {0: _BATCH}, "attention_mask": {0: _BATCH, 1: _PAST}, "past_key_values": _cache_spec(cache, _PAST, kinds)},
             ["logits", *_present_names(len(cache))],
             layout,
         ),
