@@ -294,7 +294,11 @@ def _position_ids(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
 
 class DecoderStep(torch.nn.Module):
     """A decoder-only model step over a flat ``DynamicCache``: ``(input_ids (B, q), attention_mask (B, P + q),
-    past_key_values [2L x (B, H, P, D)] or None) -> (logits (B, V), *present [2L x (B, H, P + q, D)])``."""
+    past_key_values [2L x (B, H, P, D)] or None) -> (logits (B, V), *present [2L x (B, H, P + q, D)])``.
+
+    For a state-space or hybrid model (``hybrid``) the flat list follows ``schema``: per layer, keys and
+    values (B, H, P, D) of an attention part, then each convolution state (B, channels, kernel) and
+    state-space state (B, ...) of a recurrent part, fixed in size from step to step."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
@@ -306,6 +310,9 @@ class DecoderStep(torch.nn.Module):
         #: and the flat tensors follow this schema (:func:`_hybrid_schema`), read off the eager prefill
         self.hybrid = False
         self.schema: list[dict[str, Any]] | None = None
+        #: the forward argument (and output field) that carries the cache: ``cache_params`` for the
+        #: state-space models (Mamba, Mamba-2, FalconMamba)
+        self.cache_name = "past_key_values"
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key_values: list[torch.Tensor] | None = None):
         return self._step(input_ids, attention_mask, past_key_values)
@@ -318,7 +325,7 @@ class DecoderStep(torch.nn.Module):
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
-            "past_key_values": cache,
+            self.cache_name: cache,
             "use_cache": True,
             **extra,
         }
@@ -328,9 +335,10 @@ class DecoderStep(torch.nn.Module):
             kwargs["logits_to_keep"] = 1
         out = self.model(**kwargs)
         if self.hybrid:
+            returned = getattr(out, self.cache_name)
             if self.schema is None:
-                self.schema = _hybrid_schema(out.past_key_values)
-            return (out.logits[:, -1, :], *_flat_hybrid(out.past_key_values, self.schema))
+                self.schema = _hybrid_schema(returned)
+            return (out.logits[:, -1, :], *_flat_hybrid(returned, self.schema))
         return (out.logits[:, -1, :], *_flat_cache(out.past_key_values))
 
 
@@ -560,7 +568,7 @@ def build_parts(model: torch.nn.Module, inputs: Mapping[str, Any], generation_co
 
     Raises:
         InputError: ``generate()`` cannot run on ``inputs``, or the model kind is not supported
-            (a multimodal model, a state-space cache).
+            (a multimodal model with a recurrent cache, a sliding-window recurrent layer).
     """
     model.eval()
     captured = decompose_for_generation(model, inputs, generation_config)
@@ -614,19 +622,25 @@ def _hybrid_cache_layers(model: torch.nn.Module, cache: Any) -> bool:
 
 
 def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], decode_call: dict[str, Any]) -> dict[str, GenerationPart]:
-    if "cache_params" in prefill_call or "past_key_values" not in inspect.signature(model.forward).parameters:
-        raise InputError(f"{type(model).__name__}: a state-space cache (cache_params) is not supported yet; only key/value caches are")
+    parameters = inspect.signature(model.forward).parameters
+    cache_name = "cache_params" if "cache_params" in prefill_call or "past_key_values" not in parameters else "past_key_values"
     if "input_ids" not in prefill_call:
         raise InputError(f"{type(model).__name__}: generate() did not pass input_ids to forward")
     step = DecoderStep(model)
-    step.hybrid = _hybrid_cache_layers(model, prefill_call.get("past_key_values"))
+    step.cache_name = cache_name
+    step.hybrid = _hybrid_cache_layers(model, prefill_call.get(cache_name))
+    if cache_name == "cache_params" and not step.hybrid:
+        raise InputError(
+            f"{type(model).__name__}: a state-space cache (cache_params) of kind {type(prefill_call.get(cache_name)).__name__} "
+            "is not supported; only caches of transformers' recurrent cache layers are"
+        )
     ids = prefill_call["input_ids"]
     mask = _mask_or_ones(prefill_call, ids)
     prefill_inputs = {"input_ids": ids, "attention_mask": mask}
     out = step(**prefill_inputs)
     cache = [t.clone() for t in out[1:]]
     if not cache:
-        raise InputError(f"{type(model).__name__}: the model returned no key/value cache (state-space caches are not supported yet)")
+        raise InputError(f"{type(model).__name__}: the model returned no cache tensors (neither keys and values nor recurrent states)")
     decode_inputs, layout = _decode_example(decode_call, mask, cache)
     kinds = None
     if step.hybrid:
