@@ -568,7 +568,7 @@ def build_parts(model: torch.nn.Module, inputs: Mapping[str, Any], generation_co
 
     Raises:
         InputError: ``generate()`` cannot run on ``inputs``, or the model kind is not supported
-            (a multimodal model with a recurrent cache, a sliding-window recurrent layer).
+            (a sliding-window recurrent layer, a video or audio encoder of a decoder-only model).
     """
     model.eval()
     captured = decompose_for_generation(model, inputs, generation_config)
@@ -621,6 +621,21 @@ def _hybrid_cache_layers(model: torch.nn.Module, cache: Any) -> bool:
     return True
 
 
+def _hybrid_layout(step: DecoderStep, layout: dict[str, Any]) -> tuple[dict[str, Any], list[str] | None]:
+    """The manifest's cache entry and each flat tensor's role for ``step``: ``layout`` unchanged and None
+    for a key/value cache, the hybrid layout (:func:`_hybrid_kinds`) for a recurrent one."""
+    if not step.hybrid:
+        return layout, None
+    kinds = _hybrid_kinds(step.schema or [])
+    return {
+        "kind": "dynamic",
+        "layers": len(step.schema or []),
+        "tensor_layout": "per layer in order: key then value (batch, kv_heads, seq, head_dim) for an attention layer, then "
+        "each recurrent state (batch, ...), fixed size; the past's tensors are the previous step's presents",
+        "tensors": kinds,
+    }, kinds
+
+
 def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], decode_call: dict[str, Any]) -> dict[str, GenerationPart]:
     parameters = inspect.signature(model.forward).parameters
     cache_name = "cache_params" if "cache_params" in prefill_call or "past_key_values" not in parameters else "past_key_values"
@@ -642,16 +657,7 @@ def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], de
     if not cache:
         raise InputError(f"{type(model).__name__}: the model returned no cache tensors (neither keys and values nor recurrent states)")
     decode_inputs, layout = _decode_example(decode_call, mask, cache)
-    kinds = None
-    if step.hybrid:
-        kinds = _hybrid_kinds(step.schema or [])
-        layout = {
-            "kind": "dynamic",
-            "layers": len(step.schema or []),
-            "tensor_layout": "per layer in order: key then value (batch, kv_heads, seq, head_dim) for an attention layer, then "
-            "each recurrent state (batch, ...), fixed size; the past's tensors are the previous step's presents",
-            "tensors": kinds,
-        }
+    layout, kinds = _hybrid_layout(step, layout)
     return {
         "prefill": GenerationPart(
             "prefill",
@@ -731,10 +737,14 @@ def _multimodal_parts(model: torch.nn.Module, prefill_call: dict[str, Any], deco
     mask = _mask_or_ones(prefill_call, ids)
     feature_name = f"{modality}_features"
     prefill_step = MultimodalPrefillStep(model, modality)
+    prefill_step.hybrid = _hybrid_cache_layers(model, prefill_call.get("past_key_values"))
     prefill_inputs = {"input_ids": ids, "attention_mask": mask, "features": features}
     out = prefill_step(**prefill_inputs)
     cache = [t.clone() for t in out[1:]]
     decode_inputs, layout = _decode_example(decode_call, mask, cache)
+    layout, kinds = _hybrid_layout(prefill_step, layout)
+    decode_step = DecoderStep(model)
+    decode_step.hybrid, decode_step.schema = prefill_step.hybrid, prefill_step.schema
     return {
         part_name: GenerationPart(
             part_name, "encoder", encoder_step, encoder_inputs, {}, [feature_name], extra={"modality": modality, "input": key, "per_item": True}
@@ -752,9 +762,9 @@ def _multimodal_parts(model: torch.nn.Module, prefill_call: dict[str, Any], deco
         "decode": GenerationPart(
             "decode",
             "decode",
-            DecoderStep(model),
+            decode_step,
             decode_inputs,
-            {"input_ids": {0: _BATCH}, "attention_mask": {0: _BATCH, 1: _PAST}, "past_key_values": _cache_spec(cache, _PAST)},
+            {"input_ids": {0: _BATCH}, "attention_mask": {0: _BATCH, 1: _PAST}, "past_key_values": _cache_spec(cache, _PAST, kinds)},
             ["logits", *_present_names(len(cache))],
             layout,
         ),
