@@ -57,6 +57,11 @@ def test_tiny_config_keeps_layer_kinds_placed_by_period_and_offset() -> None:
     assert out.shape == (1, 4, zamba.hidden_size) and bool(torch.isfinite(out).all())
     zamba2 = tiny.tiny_config(transformers.Zamba2Config)
     assert zamba2.layers_block_type == ["linear_attention", "hybrid", "hybrid"] and zamba2.hybrid_layer_ids == [1, 2]
+    # defaults with no attention layer (Bamba, GraniteMoeHybrid) or an attention layer past two layers
+    # (RecurrentGemma's repeating pattern) get one, so generate() runs on the tiny model
+    assert tiny.tiny_config(transformers.BambaConfig).layers_block_type == ["linear_attention", "full_attention"]
+    assert tiny.tiny_config(transformers.GraniteMoeHybridConfig).layers_block_type == ["linear_attention", "full_attention"]
+    assert tiny.tiny_config(transformers.RecurrentGemmaConfig).layers_block_type == ["linear_attention", "linear_attention", "sliding_attention"]
 
 
 def test_tiny_config_keeps_experts_and_routing() -> None:

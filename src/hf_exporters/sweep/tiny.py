@@ -332,6 +332,23 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         {"projector_scale_factors": [1.0], "projector_in_channels": [WIDTH], "num_feature_levels": 1},
         "the defaults leave the feature pyramid without levels, so the decoder gets no features at all",
     ),
+    "bamba": (
+        {"attn_layer_indices": [1]},
+        "the default config has no attention layer (every layer Mamba), and then eager generate() fails in the"
+        " model's own code (get_seq_length on a cache of recurrent layers only); one attention layer keeps both"
+        " kinds, as the released checkpoints have",
+    ),
+    "granitemoehybrid": (
+        {"layer_types": ["linear_attention", "full_attention"]},
+        "the default config has no attention layer (every layer Mamba), and then eager generate() fails in the"
+        " model's own code (get_seq_length on a cache of recurrent layers only); one attention layer keeps both"
+        " kinds, as the released checkpoints have",
+    ),
+    "recurrent_gemma": (
+        {"num_hidden_layers": 3},
+        "the block pattern (recurrent, recurrent, attention) repeats over the layers: two layers would keep no"
+        " attention layer, and eager generate() then fails in the model's own code",
+    ),
     "zamba2": (
         {"attention_hidden_size": 2 * WIDTH, "attention_head_dim": 2 * WIDTH // HEADS, "mamba_headdim": 2 * WIDTH // 8, "kv_channels": HEAD_DIM,
          "num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"], "hybrid_layer_ids": [1, 2]},
