@@ -824,3 +824,27 @@ def test_patch_embedding_bag_as_gather_and_reduce(tmp_path):
     path = exporter.save(exporter.export(model, inputs), tmp_path / "with")
     (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-5)
     assert report.ok and report.max_abs_diff < 1e-5
+
+
+class _ValidFrames(torch.nn.Module):
+    """Frames kept by a mask, found with ``nonzero(...).squeeze(-1)`` (an audio encoder's valid frames)."""
+
+    def forward(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        keep = torch.nonzero(mask[0]).squeeze(-1)
+        return frames[:, keep].sum(dim=1)
+
+
+def test_fix_squeeze_of_nonzero_made_contiguous(tmp_path):
+    """``nonzero``'s column-major output squeezed: the portable kernel refuses the differing dim orders
+    when the program runs; with a contiguous copy in between the program matches eager."""
+    model = _ValidFrames()
+    inputs = {"frames": torch.arange(24.0).reshape(2, 6, 2), "mask": torch.tensor([[1, 0, 1, 1, 0, 1]])}
+    with without_workarounds("_fix_squeeze_of_nonzero_made_contiguous"):
+        exporter = ExecutorchExporter()
+        runner = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path / "without"))
+        with pytest.raises(RuntimeError, match="different dim orders"):
+            runner(inputs)
+    exporter = ExecutorchExporter()
+    path = exporter.save(exporter.export(model, inputs), tmp_path / "with")
+    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=0)
+    assert report.ok and report.max_abs_diff == 0

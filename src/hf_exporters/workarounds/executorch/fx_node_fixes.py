@@ -5,6 +5,7 @@ Rewrites of single nodes of the traced graph into ops ExecuTorch can lower and r
 
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
@@ -93,4 +94,42 @@ def _fix_int32_gather_scatter_index(graph_module: torch.fx.GraphModule, node: to
         wide = graph_module.graph.call_function(torch.ops.aten._to_copy.default, (index,), {"dtype": torch.int64})
     wide.meta = {**index.meta, "val": value.to(torch.int64)}
     node.args = (*node.args[:2], wide, *node.args[3:])
+    return True
+
+
+_SQUEEZES = (torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims, torch.ops.aten.unsqueeze.default)
+
+
+@register_fx_node_fix("executorch")
+def _fix_squeeze_of_nonzero_made_contiguous(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Give ``squeeze``/``unsqueeze`` of ``nonzero``'s output a contiguous copy.
+
+    Pattern: ``torch.nonzero(mask).squeeze(-1)`` (positions of valid frames in an audio encoder).
+    torch's ``nonzero`` returns its (count, dims) result column-major, strides (1, count), and
+    ExecuTorch carries that layout as the tensor's dim order (1, 0); the squeezed (count,) output has
+    dim order (0,), and the portable ``squeeze_copy`` kernel refuses inputs and outputs of different
+    dim orders at run time ("2 input tensors have different dim orders; [op_squeeze_copy.cpp:70]
+    Check failed (tensors_have_same_dim_order(in, out))"). A ``clone`` into the contiguous layout
+    between the two gives the kernel matching dim orders; the values are the same.
+    Models: Qwen3ASREncoder (executorch in the sweep).
+    Upstream: executorch kernels/portable/cpu/op_squeeze_copy.cpp (same-dim-order check) with
+        aten ``nonzero`` (column-major output); no report found
+    Remove when: ExecuTorch's squeeze kernels accept a column-major input or ``nonzero`` is lowered
+        with a contiguous output.
+    """
+    if node.target not in _SQUEEZES or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    source = node.args[0]
+    if source.target is not torch.ops.aten.nonzero.default:
+        return False
+    value = source.meta.get("val")
+    with graph_module.graph.inserting_before(node):
+        copy = graph_module.graph.call_function(torch.ops.aten.clone.default, (source,), {"memory_format": torch.contiguous_format})
+    if isinstance(value, torch.Tensor):
+        fake_mode = getattr(value, "fake_mode", None)
+        with fake_mode if fake_mode is not None else contextlib.nullcontext():
+            value = value.clone(memory_format=torch.contiguous_format)  # the same (symbolic) sizes, row-major
+    # the source's meta without its unbacked-symbol bindings: nonzero binds its count, the copy binds none
+    copy.meta = {**{k: v for k, v in source.meta.items() if k != "unbacked_bindings"}, "val": value}
+    node.args = (copy, *node.args[1:])
     return True
