@@ -826,6 +826,47 @@ def test_patch_embedding_bag_as_gather_and_reduce(tmp_path):
     assert report.ok and report.max_abs_diff < 1e-5
 
 
+class _SegmentMeans(torch.nn.Module):
+    """Per-segment averages of token values: ``zeros(segments).scatter_reduce(..., "mean")`` (TAPAS's cells)."""
+
+    def forward(self, values: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:
+        means = torch.zeros(6).scatter_reduce(0, segment, values, reduce="mean", include_self=False)
+        peaks = torch.full((6,), -1.0).scatter_reduce(0, segment, values, reduce="amax")
+        return means + peaks
+
+
+def test_patch_scatter_reduce_1d_by_scatter_add(tmp_path):
+    """1-D ``scatter_reduce`` leaves ``aten.scatter_reduce`` in the program, which ExecuTorch's kernels
+    lack; the patch gives torch's values for every reduction, with and without ``self``, and an
+    untouched segment keeps its value."""
+    from hf_exporters.workarounds.executorch.torch_patches import _patch_scatter_reduce_1d_by_scatter_add
+
+    ours = _patch_scatter_reduce_1d_by_scatter_add(torch.scatter_reduce)
+    start = torch.randn(6, generator=torch.Generator().manual_seed(1))
+    segment = torch.tensor([0, 2, 2, 5, 0, 2, 1])  # segments 3 and 4 receive nothing
+    values = torch.randn(7, generator=torch.Generator().manual_seed(2))
+    for reduce in ("sum", "mean", "amax", "amin"):
+        for include_self in (True, False):
+            expected = torch.scatter_reduce(start, 0, segment, values, reduce=reduce, include_self=include_self)
+            got = ours(start, 0, segment, values, reduce, include_self=include_self)
+            assert torch.allclose(got, expected, atol=1e-6), (reduce, include_self)
+    grid = torch.zeros(2, 6)
+    assert torch.equal(  # 2-D: torch's op
+        ours(grid, 1, segment[None, :6].expand(2, 6), values[None, :6].expand(2, 6), "sum"),
+        torch.scatter_reduce(grid, 1, segment[None, :6].expand(2, 6), values[None, :6].expand(2, 6), "sum"),
+    )
+    model, inputs = _SegmentMeans(), {"values": values, "segment": segment}
+    with without_workarounds("_patch_scatter_reduce_1d_by_scatter_add"):
+        exporter = ExecutorchExporter()
+        path = exporter.save(exporter.export(model, inputs), tmp_path / "without")
+        with pytest.raises(RuntimeError, match=r"no kernel for: aten::scatter_reduce"):
+            exporter.load_runner(path)
+    exporter = ExecutorchExporter()
+    path = exporter.save(exporter.export(model, inputs), tmp_path / "with")
+    (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-5)
+    assert report.ok and report.max_abs_diff < 1e-5
+
+
 class _ValidFrames(torch.nn.Module):
     """Frames kept by a mask, found with ``nonzero(...).squeeze(-1)`` (an audio encoder's valid frames)."""
 

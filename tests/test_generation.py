@@ -145,6 +145,14 @@ def jamba():
     return _spread_weights(model), [_text_inputs(2, 6, pad_left=2), _text_inputs(1, 9, seed=1)]
 
 
+def mamba():
+    """A state-space cache (``cache_params``): convolution and SSM states only. ``generate()`` passes no
+    attention mask on decode steps, and the exported decode step must not apply the grown one."""
+    config = tf.MambaConfig(vocab_size=64, hidden_size=32, state_size=8, num_hidden_layers=2, conv_kernel=4, expand=2, eos_token_id=None, pad_token_id=0)
+    model = tf.MambaForCausalLM(config)
+    return _spread_weights(model), [_text_inputs(1, 6), _text_inputs(2, 9, pad_left=2, seed=1)]
+
+
 MODELS = {
     "llama": llama,
     "qwen3": qwen3,
@@ -157,8 +165,9 @@ MODELS = {
     "whisper": whisper,
     "llava": llava,
     "jamba": jamba,
+    "mamba": mamba,
 }
-FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo"), ("llava", "dynamo"), ("jamba", "dynamo")}
+FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo"), ("llava", "dynamo"), ("jamba", "dynamo"), ("mamba", "dynamo")}
 #: (model, backend) pairs that do not pass yet, expected to fail (strictly), with the cause
 XFAIL: dict[tuple[str, str], str] = {}
 
@@ -383,7 +392,7 @@ def test_a_hybrid_cache_with_sliding_window_layers_is_refused_by_name():
 
     model = build_model("Inkling2ForCausalLM", use_cache=True)
     inputs = {k: v for k, v in build_inputs(model).items() if k in ("input_ids", "attention_mask")}
-    with pytest.raises(InputError, match=r"^Inkling2ForCausalLM: generate\(\)'s cache holds recurrent state in layers of kind "
+    with pytest.raises(InputError, match=r"^Inkling2ForCausalLM: generate\(\)'s cache holds recurrent state beside layers of kind "
                        r"LinearAttentionAndSlidingWindowAttentionLayer; only DynamicLayer, LinearAttentionLayer, "
                        r"LinearAttentionAndFullAttentionLayer, DummyLayer layers are supported in a hybrid cache yet$"):
         build_parts(model, inputs)

@@ -569,7 +569,7 @@ def test_a_generation_job_compares_token_ids_with_eager_generate() -> None:
     hybrid = run_job({"class": "Inkling2ForCausalLM", "backend": "dynamo", "dynamic": True, "mode": "generation"})
     assert (hybrid["outcome"], hybrid["stage"]) == ("fail", "exporter decompose")
     assert hybrid["message"] == (
-        "InputError: Inkling2ForCausalLM: generate()'s cache holds recurrent state in layers of kind "
+        "InputError: Inkling2ForCausalLM: generate()'s cache holds recurrent state beside layers of kind "
         "LinearAttentionAndSlidingWindowAttentionLayer; only DynamicLayer, LinearAttentionLayer, "
         "LinearAttentionAndFullAttentionLayer, DummyLayer layers are supported in a hybrid cache yet"
     )

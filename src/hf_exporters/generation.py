@@ -276,8 +276,8 @@ def _hybrid_cache(config: Any, schema: list[dict[str, Any]], flat: list[torch.Te
 
 
 def _hybrid_kinds(schema: list[dict[str, Any]]) -> list[str]:
-    """Each flat tensor's role: ``key``/``value`` (batch, kv_heads, seq, head_dim) or ``conv``/``recurrent``
-    (batch, ...) with its layer and state index, e.g. ``conv 1.0``."""
+    """Each flat tensor's role and layer: ``key 1``/``value 1`` (batch, kv_heads, seq, head_dim), or
+    ``conv.0 0``/``recurrent.0 0`` (batch, ...): the kind with its state index, then the layer index."""
     return [
         (entry[0][:-1] if entry[0] in ("keys", "values") else f"{entry[0]}.{entry[1]}") + f" {index}"
         for index, layout in enumerate(schema)
@@ -313,6 +313,10 @@ class DecoderStep(torch.nn.Module):
         #: the forward argument (and output field) that carries the cache: ``cache_params`` for the
         #: state-space models (Mamba, Mamba-2, FalconMamba)
         self.cache_name = "past_key_values"
+        #: whether ``generate()`` gives the model the attention mask on decode steps: Mamba's and
+        #: FalconMamba's pass None there (their padding mask applies to the prompt only), and a
+        #: (B, P + 1) mask would be applied to the one new token's states
+        self.decode_mask = True
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key_values: list[torch.Tensor] | None = None):
         return self._step(input_ids, attention_mask, past_key_values)
@@ -322,6 +326,9 @@ class DecoderStep(torch.nn.Module):
             cache = _hybrid_cache(self.config, self.schema or [], past_key_values)
         else:
             cache = _dynamic_cache(past_key_values)
+        if past_key_values is not None and not self.decode_mask:
+            # the graph keeps the (B, P + 1) mask input, which the model does not read on a decode step
+            attention_mask = None
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -615,7 +622,7 @@ def _hybrid_cache_layers(model: torch.nn.Module, cache: Any) -> bool:
     other = sorted({type(layer).__name__ for layer in layers if type(layer).__name__ not in _HYBRID_LAYER_CLASSES})
     if other:
         raise InputError(
-            f"{type(model).__name__}: generate()'s cache holds recurrent state in layers of kind {', '.join(other)}; "
+            f"{type(model).__name__}: generate()'s cache holds recurrent state beside layers of kind {', '.join(other)}; "
             f"only {', '.join(_HYBRID_LAYER_CLASSES)} layers are supported in a hybrid cache yet"
         )
     return True
@@ -644,6 +651,7 @@ def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], de
     step = DecoderStep(model)
     step.cache_name = cache_name
     step.hybrid = _hybrid_cache_layers(model, prefill_call.get(cache_name))
+    step.decode_mask = not step.hybrid or isinstance(decode_call.get("attention_mask"), torch.Tensor)
     if cache_name == "cache_params" and not step.hybrid:
         raise InputError(
             f"{type(model).__name__}: a state-space cache (cache_params) of kind {type(prefill_call.get(cache_name)).__name__} "
@@ -745,6 +753,7 @@ def _multimodal_parts(model: torch.nn.Module, prefill_call: dict[str, Any], deco
     layout, kinds = _hybrid_layout(prefill_step, layout)
     decode_step = DecoderStep(model)
     decode_step.hybrid, decode_step.schema = prefill_step.hybrid, prefill_step.schema
+    decode_step.decode_mask = not decode_step.hybrid or isinstance(decode_call.get("attention_mask"), torch.Tensor)
     return {
         part_name: GenerationPart(
             part_name, "encoder", encoder_step, encoder_inputs, {}, [feature_name], extra={"modality": modality, "input": key, "per_item": True}

@@ -235,6 +235,52 @@ def _patch_embedding_bag_as_gather_and_reduce(original: Any) -> Any:
     return embedding_bag
 
 
+@register_patch("executorch", "torch.Tensor.scatter_reduce", "torch.scatter_reduce")
+def _patch_scatter_reduce_1d_by_scatter_add(original: Any) -> Any:
+    """1-D ``scatter_reduce`` (sum, mean, amax, amin) from ``scatter_add`` and a dense comparison.
+
+    Pattern: segment reductions, ``torch.zeros(segments).scatter_reduce(0, index, values, reduce="mean",
+    include_self=False)`` (TAPAS's cell and column averages). ExecuTorch's kernel library has no
+    ``scatter_reduce`` kernel: loading fails with "the program calls operators this ExecuTorch runtime has
+    no kernel for: aten::scatter_reduce.two_out". For a 1-D ``self`` (segments,) and 1-D ``index`` and
+    ``src`` (n,) along dim 0, ``sum`` and ``mean`` are ``scatter_add`` of the values and of ones (the
+    contribution counts), ``amax``/``amin`` the max/min over a (segments, n) mask of ``index == segment``;
+    ``self`` takes part as torch's ``include_self`` says, and a segment nothing points to keeps its
+    value when ``include_self=False``. Other calls (N-D, ``prod``, ``out=``) go to torch's op.
+    Models: TapasModel (executorch in the sweep).
+    Upstream: executorch kernels/portable (no scatter_reduce kernel in executorch 1.4.1); no report found
+    Remove when: ExecuTorch's portable library registers ``aten::scatter_reduce.two_out``.
+    """
+
+    def scatter_reduce(input: Any, dim: int, index: Any, src: Any, reduce: str, *, include_self: bool = True, out: Any = None) -> Any:  # noqa: A002 - torch's names
+        plain = (
+            out is None and isinstance(input, torch.Tensor) and isinstance(index, torch.Tensor) and isinstance(src, torch.Tensor)
+            and input.dim() == index.dim() == src.dim() == 1 and dim in (0, -1) and reduce in ("sum", "mean", "amax", "amin")
+            and input.dtype.is_floating_point and src.dtype == input.dtype
+        )
+        if not plain:
+            return original(input, dim, index, src, reduce, include_self=include_self, out=out)
+        src = src[: index.shape[0]]
+        count = torch.zeros_like(input).scatter_add(0, index, torch.ones_like(src))
+        touched = count > 0
+        if reduce in ("sum", "mean"):
+            total = torch.zeros_like(input).scatter_add(0, index, src)
+            if include_self:
+                total, count = total + input, count + 1
+            result = total / count.clamp(min=1) if reduce == "mean" else total
+        else:
+            segments = torch.arange(input.shape[0], device=input.device)
+            hit = index[None, :] == segments[:, None]  # (segments, n)
+            fill = torch.tensor(float("-inf") if reduce == "amax" else float("inf"), dtype=input.dtype, device=input.device)
+            spread = torch.where(hit, src[None, :], fill)
+            result = spread.amax(dim=1) if reduce == "amax" else spread.amin(dim=1)
+            if include_self:
+                result = torch.maximum(result, input) if reduce == "amax" else torch.minimum(result, input)
+        return torch.where(touched, result, input)
+
+    return scatter_reduce
+
+
 @register_patch("executorch", "torch.erfinv", "torch.Tensor.erfinv", "torch.special.erfinv")
 def _patch_erfinv_by_polynomial(_original: Any) -> Any:
     """``torch.erfinv`` as Giles' single-precision polynomials in elementwise ops.
