@@ -153,6 +153,18 @@ def mamba():
     return _spread_weights(model), [_text_inputs(1, 6), _text_inputs(2, 9, pad_left=2, seed=1)]
 
 
+def qwen3_5():
+    """Qwen3.5, text only: gated delta-net (linear attention) layers beside full attention, multimodal
+    rotary positions. ``generate()`` drops an all-ones attention mask; the decode step exported from
+    such a batch still applies the mask of a padded one, and takes the positions from it."""
+    from hf_exporters.sweep.job import build_model
+
+    model = build_model("Qwen3_5ForConditionalGeneration", use_cache=True)
+    model.generation_config.eos_token_id = None
+    # exported from an unpadded batch (generate() then drops the all-ones mask), run on a padded one
+    return _spread_weights(model), [_text_inputs(2, 6), _text_inputs(2, 9, pad_left=3, seed=1)]
+
+
 MODELS = {
     "llama": llama,
     "qwen3": qwen3,
@@ -166,8 +178,9 @@ MODELS = {
     "llava": llava,
     "jamba": jamba,
     "mamba": mamba,
+    "qwen3_5": qwen3_5,
 }
-FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo"), ("llava", "dynamo"), ("jamba", "dynamo"), ("mamba", "dynamo")}
+FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo"), ("llava", "dynamo"), ("jamba", "dynamo"), ("mamba", "dynamo"), ("qwen3_5", "dynamo")}
 #: (model, backend) pairs that do not pass yet, expected to fail (strictly), with the cause
 XFAIL: dict[tuple[str, str], str] = {}
 
@@ -395,4 +408,20 @@ def test_a_hybrid_cache_with_sliding_window_layers_is_refused_by_name():
     with pytest.raises(InputError, match=r"^Inkling2ForCausalLM: generate\(\)'s cache holds recurrent state beside layers of kind "
                        r"LinearAttentionAndSlidingWindowAttentionLayer; only DynamicLayer, LinearAttentionLayer, "
                        r"LinearAttentionAndFullAttentionLayer, DummyLayer layers are supported in a hybrid cache yet$"):
+        build_parts(model, inputs)
+
+
+def test_flattened_image_patches_are_refused_by_name():
+    """Qwen-VL-style towers take every image's patches as one (patches, patch_dim) tensor beside an
+    (images, 3) grid; the per-image encoder split does not apply, and the error says so."""
+    model, _ = qwen3_5()
+    vision = model.config.vision_config
+    ids = torch.tensor([[5, 6, model.config.vision_start_token_id, *[model.config.image_token_id] * 4, model.config.vision_end_token_id, 7]])
+    inputs = {
+        "input_ids": ids, "attention_mask": torch.ones_like(ids), "image_grid_thw": torch.tensor([[1, 4, 4]]),
+        "pixel_values": torch.randn(16, vision.in_channels * vision.temporal_patch_size * vision.patch_size**2),
+    }
+    with pytest.raises(InputError, match=r"^Qwen3_5ForConditionalGeneration: its image encoder takes flattened patches \(pixel_values of "
+                       r"shape \(16, 1536\)\) with image_grid_thw; generation with image inputs of this layout is not supported yet "
+                       r"\(text-only generation is\)$"):
         build_parts(model, inputs)

@@ -313,9 +313,11 @@ class DecoderStep(torch.nn.Module):
         #: the forward argument (and output field) that carries the cache: ``cache_params`` for the
         #: state-space models (Mamba, Mamba-2, FalconMamba)
         self.cache_name = "past_key_values"
-        #: whether ``generate()`` gives the model the attention mask on decode steps: Mamba's and
-        #: FalconMamba's pass None there (their padding mask applies to the prompt only), and a
-        #: (B, P + 1) mask would be applied to the one new token's states
+        #: whether the model takes the attention mask on decode steps: the state-space models
+        #: (``cache_params``: Mamba, Mamba-2, FalconMamba) take None there, as their
+        #: ``prepare_inputs_for_generation`` gives (their padding mask applies to the prompt only), and
+        #: a (B, P + 1) mask would be applied to the one new token's states. Not read off the example's
+        #: decode call: ``generate()`` drops an all-ones mask for every model
         self.decode_mask = True
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key_values: list[torch.Tensor] | None = None):
@@ -326,12 +328,11 @@ class DecoderStep(torch.nn.Module):
             cache = _hybrid_cache(self.config, self.schema or [], past_key_values)
         else:
             cache = _dynamic_cache(past_key_values)
-        if past_key_values is not None and not self.decode_mask:
-            # the graph keeps the (B, P + 1) mask input, which the model does not read on a decode step
-            attention_mask = None
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
-            "attention_mask": attention_mask,
+            # the graph keeps the (B, P + 1) mask input on a decode step without a mask: the positions
+            # still come from it, and the model does not read it
+            "attention_mask": attention_mask if past_key_values is None or self.decode_mask else None,
             self.cache_name: cache,
             "use_cache": True,
             **extra,
@@ -651,7 +652,7 @@ def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], de
     step = DecoderStep(model)
     step.cache_name = cache_name
     step.hybrid = _hybrid_cache_layers(model, prefill_call.get(cache_name))
-    step.decode_mask = not step.hybrid or isinstance(decode_call.get("attention_mask"), torch.Tensor)
+    step.decode_mask = cache_name != "cache_params"
     if cache_name == "cache_params" and not step.hybrid:
         raise InputError(
             f"{type(model).__name__}: a state-space cache (cache_params) of kind {type(prefill_call.get(cache_name)).__name__} "
@@ -737,6 +738,15 @@ def _multimodal_parts(model: torch.nn.Module, prefill_call: dict[str, Any], deco
     batched = {k: v for k, v in prefill_call.items() if k in wanted and isinstance(v, torch.Tensor)}
     # one item (image) per encoder call: models split the features per item in Python (a list as long
     # as the batch), which would fix the batch of the graph; the generator calls it once per item
+    grids = sorted(k for k in batched if k != key and "grid" in k)
+    if grids:
+        # Qwen-VL-style towers take every image's patches as one (patches, patch_dim) tensor beside a
+        # (images, 3) grid: the rows are patches, not images, so the per-image encoder split below does not apply
+        raise InputError(
+            f"{type(model).__name__}: its {modality} encoder takes flattened patches ({key} of shape "
+            f"{tuple(batched[key].shape)}) with {', '.join(grids)}; generation with {modality} inputs of this layout "
+            f"is not supported yet (text-only generation is)"
+        )
     items = batched[key].shape[0]
     encoder_inputs = {k: (v[:1].clone() if v.dim() and v.shape[0] == items else v) for k, v in batched.items()}
     encoder_step = ModalityEncoderStep(model, getter)
@@ -753,7 +763,6 @@ def _multimodal_parts(model: torch.nn.Module, prefill_call: dict[str, Any], deco
     layout, kinds = _hybrid_layout(prefill_step, layout)
     decode_step = DecoderStep(model)
     decode_step.hybrid, decode_step.schema = prefill_step.hybrid, prefill_step.schema
-    decode_step.decode_mask = not decode_step.hybrid or isinstance(decode_call.get("attention_mask"), torch.Tensor)
     return {
         part_name: GenerationPart(
             part_name, "encoder", encoder_step, encoder_inputs, {}, [feature_name], extra={"modality": modality, "input": key, "per_item": True}
