@@ -182,7 +182,10 @@ MODELS = {
 }
 FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo"), ("llava", "dynamo"), ("jamba", "dynamo"), ("mamba", "dynamo"), ("qwen3_5", "dynamo")}
 #: (model, backend) pairs that do not pass yet, expected to fail (strictly), with the cause
-XFAIL: dict[tuple[str, str], str] = {}
+XFAIL: dict[tuple[str, str], str] = {
+    ("mamba", "executorch"): "the prefill's zero-filled scan carry (full with the symbolic batch) runs as a static tensor in "
+    "ExecuTorch 1.4.1; the scan's carry copy fails (op_copy.cpp: tensor_is_broadcastable_to)",
+}
 
 
 def _export_folder(name: str, backend: str, tmp_path, generation_config=None):
