@@ -850,7 +850,10 @@ def test_patch_scatter_reduce_1d_by_scatter_add(tmp_path):
             expected = torch.scatter_reduce(start, 0, segment, values, reduce=reduce, include_self=include_self)
             got = ours(start, 0, segment, values, reduce, include_self=include_self)
             assert torch.allclose(got, expected, atol=1e-6), (reduce, include_self)
+    method = _patch_scatter_reduce_1d_by_scatter_add(torch.Tensor.scatter_reduce)  # as the Tensor method: no out=
     grid = torch.zeros(2, 6)
+    assert torch.equal(method(grid, 1, segment[None, :6].expand(2, 6), values[None, :6].expand(2, 6), "amax"),
+                       grid.scatter_reduce(1, segment[None, :6].expand(2, 6), values[None, :6].expand(2, 6), "amax"))
     assert torch.equal(  # 2-D: torch's op
         ours(grid, 1, segment[None, :6].expand(2, 6), values[None, :6].expand(2, 6), "sum"),
         torch.scatter_reduce(grid, 1, segment[None, :6].expand(2, 6), values[None, :6].expand(2, 6), "sum"),

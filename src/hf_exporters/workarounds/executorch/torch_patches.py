@@ -258,8 +258,9 @@ def _patch_scatter_reduce_1d_by_scatter_add(original: Any) -> Any:
             and input.dim() == index.dim() == src.dim() == 1 and dim in (0, -1) and reduce in ("sum", "mean", "amax", "amin")
             and input.dtype.is_floating_point and src.dtype == input.dtype
         )
-        if not plain:
-            return original(input, dim, index, src, reduce, include_self=include_self, out=out)
+        if not plain:  # the Tensor method takes no out=
+            extra = {} if out is None else {"out": out}
+            return original(input, dim, index, src, reduce, include_self=include_self, **extra)
         src = src[: index.shape[0]]
         count = torch.zeros_like(input).scatter_add(0, index, torch.ones_like(src))
         touched = count > 0
