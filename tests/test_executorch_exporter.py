@@ -850,6 +850,13 @@ def test_patch_scatter_reduce_1d_by_scatter_add(tmp_path):
             expected = torch.scatter_reduce(start, 0, segment, values, reduce=reduce, include_self=include_self)
             got = ours(start, 0, segment, values, reduce, include_self=include_self)
             assert torch.allclose(got, expected, atol=1e-6), (reduce, include_self)
+    nothing = torch.tensor([], dtype=torch.long)
+    for reduce in ("sum", "mean", "amax", "amin"):  # an empty index leaves self as it is
+        assert torch.equal(ours(start, 0, nothing, values[:0], reduce, include_self=False), start)
+    many = torch.randn(3000, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    spots = torch.randint(0, 6, (3000,), generator=torch.Generator().manual_seed(4))
+    for reduce in ("sum", "mean"):  # bf16 sums onto self round as torch's do
+        assert torch.equal(ours(start.bfloat16(), 0, spots, many, reduce), torch.scatter_reduce(start.bfloat16(), 0, spots, many, reduce))
     method = _patch_scatter_reduce_1d_by_scatter_add(torch.Tensor.scatter_reduce)  # as the Tensor method: no out=
     grid = torch.zeros(2, 6)
     assert torch.equal(method(grid, 1, segment[None, :6].expand(2, 6), values[None, :6].expand(2, 6), "amax"),

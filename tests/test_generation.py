@@ -414,6 +414,15 @@ def test_a_hybrid_cache_with_sliding_window_layers_is_refused_by_name():
         build_parts(model, inputs)
 
 
+def test_a_model_without_a_cache_is_refused_by_name():
+    """OpenAI GPT's forward takes no cache: generate() hands one through ``**kwargs`` and the model
+    leaves it empty, recomputing the sequence each step; the error says so (not a cache-kind error)."""
+    model = tf.OpenAIGPTLMHeadModel(tf.OpenAIGPTConfig(vocab_size=64, n_positions=32, n_embd=32, n_layer=1, n_head=2)).eval()
+    with pytest.raises(InputError, match=r"^OpenAIGPTLMHeadModel: forward takes no cache \(neither past_key_values nor cache_params\); "
+                       r"generate\(\) recomputes the whole sequence at every step, so there is no decode step to export$"):
+        build_parts(model, {"input_ids": torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(0))})
+
+
 def test_flattened_image_patches_are_refused_by_name():
     """Qwen-VL-style towers take every image's patches as one (patches, patch_dim) tensor beside an
     (images, 3) grid; the per-image encoder split does not apply, and the error says so."""

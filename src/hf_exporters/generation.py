@@ -646,6 +646,15 @@ def _hybrid_layout(step: DecoderStep, layout: dict[str, Any]) -> tuple[dict[str,
 
 def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], decode_call: dict[str, Any]) -> dict[str, GenerationPart]:
     parameters = inspect.signature(model.forward).parameters
+    filled = decode_call.get("past_key_values", decode_call.get("cache_params"))
+    if not {"past_key_values", "cache_params"} & set(parameters) and not any(
+        isinstance(t, torch.Tensor) for layer in getattr(filled, "layers", []) for t in (getattr(layer, "keys", None), *getattr(layer, "conv_states", {}).values())
+    ):
+        # generate() hands its cache through **kwargs, and the prefill left it empty
+        raise InputError(
+            f"{type(model).__name__}: forward takes no cache (neither past_key_values nor cache_params); generate() "
+            "recomputes the whole sequence at every step, so there is no decode step to export"
+        )
     cache_name = "cache_params" if "cache_params" in prefill_call or "past_key_values" not in parameters else "past_key_values"
     if "input_ids" not in prefill_call:
         raise InputError(f"{type(model).__name__}: generate() did not pass input_ids to forward")

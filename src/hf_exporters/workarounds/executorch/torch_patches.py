@@ -262,18 +262,21 @@ def _patch_scatter_reduce_1d_by_scatter_add(original: Any) -> Any:
             extra = {} if out is None else {"out": out}
             return original(input, dim, index, src, reduce, include_self=include_self, **extra)
         src = src[: index.shape[0]]
-        count = torch.zeros_like(input).scatter_add(0, index, torch.ones_like(src))
+        # counted in integers (a bf16 count is inexact past 256), as torch counts
+        count = torch.zeros(input.shape, dtype=torch.long, device=input.device).scatter_add(0, index, torch.ones_like(index))
         touched = count > 0
         if reduce in ("sum", "mean"):
-            total = torch.zeros_like(input).scatter_add(0, index, src)
+            # added onto self in torch's order (the same rounding as torch's op)
+            total = (input if include_self else torch.zeros_like(input)).scatter_add(0, index, src)
             if include_self:
-                total, count = total + input, count + 1
+                count = count + 1
             result = total / count.clamp(min=1) if reduce == "mean" else total
         else:
             segments = torch.arange(input.shape[0], device=input.device)
             hit = index[None, :] == segments[:, None]  # (segments, n)
             fill = torch.tensor(float("-inf") if reduce == "amax" else float("inf"), dtype=input.dtype, device=input.device)
-            spread = torch.where(hit, src[None, :], fill)
+            # one column of the fill value: an empty index still reduces over something
+            spread = torch.cat([torch.where(hit, src[None, :], fill), fill.expand(input.shape[0], 1)], dim=1)
             result = spread.amax(dim=1) if reduce == "amax" else spread.amin(dim=1)
             if include_self:
                 result = torch.maximum(result, input) if reduce == "amax" else torch.minimum(result, input)
