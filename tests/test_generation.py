@@ -416,11 +416,16 @@ def test_a_hybrid_cache_with_sliding_window_layers_is_refused_by_name():
 
 def test_a_model_without_a_cache_is_refused_by_name():
     """OpenAI GPT's forward takes no cache: generate() hands one through ``**kwargs`` and the model
-    leaves it empty, recomputing the sequence each step; the error says so (not a cache-kind error)."""
+    leaves it empty, recomputing the sequence each step; the error says so (not a cache-kind error).
+    RWKV carries its own ``state`` list, which the error names."""
     model = tf.OpenAIGPTLMHeadModel(tf.OpenAIGPTConfig(vocab_size=64, n_positions=32, n_embd=32, n_layer=1, n_head=2)).eval()
     with pytest.raises(InputError, match=r"^OpenAIGPTLMHeadModel: forward takes no cache \(neither past_key_values nor cache_params\); "
                        r"generate\(\) recomputes the whole sequence at every step, so there is no decode step to export$"):
         build_parts(model, {"input_ids": torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(0))})
+    rwkv = tf.RwkvForCausalLM(tf.RwkvConfig(vocab_size=64, context_length=32, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32)).eval()
+    with pytest.raises(InputError, match=r"^RwkvForCausalLM: forward carries its recurrent state as `state` \(not a transformers cache\); "
+                       r"a decode step over it is not exported yet$"):
+        build_parts(rwkv, {"input_ids": torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(0))})
 
 
 def test_flattened_image_patches_are_refused_by_name():

@@ -651,6 +651,11 @@ def _decoder_only_parts(model: torch.nn.Module, prefill_call: dict[str, Any], de
         isinstance(t, torch.Tensor) for layer in getattr(filled, "layers", []) for t in (getattr(layer, "keys", None), *getattr(layer, "conv_states", {}).values())
     ):
         # generate() hands its cache through **kwargs, and the prefill left it empty
+        if "state" in parameters:  # RWKV: its own recurrent state list
+            raise InputError(
+                f"{type(model).__name__}: forward carries its recurrent state as `state` (not a transformers cache); "
+                "a decode step over it is not exported yet"
+            )
         raise InputError(
             f"{type(model).__name__}: forward takes no cache (neither past_key_values nor cache_params); generate() "
             "recomputes the whole sequence at every step, so there is no decode step to export"
