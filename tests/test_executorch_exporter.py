@@ -608,6 +608,51 @@ def test_patch_dim_order_from_positive_strides(tmp_path):
     assert report.ok and report.max_abs_diff < 1e-6
 
 
+class _ChunkedCumsum(torch.nn.Module):
+    """Mamba2's chunked scan: the length padded to whole chunks of 256, ``(batch, heads, chunks, 256)``,
+    a cumulative sum within each chunk. Over lengths 4 to 128 there is one chunk, so the contiguous
+    strides ``(1024*Max(1, c), 256*Max(1, c), 256, 1)`` hold two equal ones."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (batch, length, heads)
+        pad = (256 - x.shape[1] % 256) % 256
+        chunks = torch.nn.functional.pad(x, (0, 0, 0, pad)).reshape(x.shape[0], -1, 256, x.shape[2])
+        return torch.cumsum(chunks.permute(0, 3, 1, 2), dim=-1)
+
+
+def test_patch_dim_order_keeps_equal_strides_row_major(tmp_path, monkeypatch):
+    """Two strides each a multiple of the other are equal and keep row-major order. In the lowering of
+    a Mamba2 prefill (Bamba), torch proved ``256 % (256*Max(1, c)) == 0`` and its converse but not the
+    equality; taking the divisibility for "inside" labelled the contiguous tensor (0, 2, 1, 3), which
+    the portable cumsum kernel refused at run time. That lowering's answers are replayed here; the
+    chunked cumsum itself runs with eager's numbers."""
+    from torch.export import Dim
+    from torch.fx.experimental import symbolic_shapes
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from hf_exporters.workarounds.executorch.executorch_patches import _patch_dim_order_from_positive_strides
+
+    env = ShapeEnv()
+    length = env.create_unbacked_symint()
+    torch._check(length >= 4)
+    torch._check(length <= 128)
+    chunks = torch.sym_max(1, (length + (256 - length % 256) % 256) // 256)
+    undecided = {str(256 * chunks == 256), str(1024 * chunks == 1024)}
+    real = symbolic_shapes.guard_or_false
+    monkeypatch.setattr(symbolic_shapes, "guard_or_false", lambda expr: False if str(expr) in undecided else real(expr))
+    ours = _patch_dim_order_from_positive_strides(lambda stride: "original")
+    assert ours((1024 * chunks, 256 * chunks, 256, 1)) == (0, 1, 2, 3)
+    assert ours((1024 * chunks, 1024, 4, 1)) == (0, 1, 2, 3)
+    assert ours((chunks, 256 * chunks, 1)) == (1, 0, 2)  # a real transpose still sorts
+    monkeypatch.setattr(symbolic_shapes, "guard_or_false", real)
+
+    model, inputs = _ChunkedCumsum(), {"x": _x(2, 8, 4)}
+    config = ExecutorchConfig(dynamic_shapes={"x": {0: Dim("batch", min=1, max=8), 1: Dim("length", min=4, max=128)}})
+    exporter = ExecutorchExporter()
+    run = exporter.load_runner(exporter.save(exporter.export(model, inputs, config), tmp_path))
+    reports = check_parity(model, run, [inputs, {"x": _x(3, 21, 4)}], atol=1e-4)
+    assert all(r.ok and r.max_abs_diff < 1e-4 for r in reports)
+
+
 class _GaussianCutoff(torch.nn.Module):
     """Gemma 3n's activation sparsity: a cut-off at the normal quantile of a target sparsity."""
 

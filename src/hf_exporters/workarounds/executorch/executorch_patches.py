@@ -101,13 +101,23 @@ def _patch_edge_verifier_python_sym_ops(original: Any) -> Any:
     return set(original) | python_functions
 
 
+def _same_stride(a: Any, b: Any) -> bool:
+    """Strides ``a`` and ``b`` known equal: directly, or each a multiple of the other (positive strides).
+    The second catches ``256*Max(1, c) == 256`` where the range of ``c`` makes ``Max(1, c)`` 1: torch
+    proves both divisibilities but not the equality."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    return guard_or_false(a == b) or (guard_or_false(b % a == 0) and guard_or_false(a % b == 0))
+
+
 def _stride_order(a: Any, b: Any) -> int:
     """-1 when stride ``a`` sorts inside ``b`` (known smaller, or ``b`` a multiple of it), 1 when outside,
     0 when equal or not known; both strides are at least 1, so a multiple is at least as large (equal
-    strides belong to a size-1 axis, which may sit on either side)."""
+    strides belong to a size-1 axis, which may sit on either side: the sort keeps such axes in their
+    row-major order)."""
     from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-    if guard_or_false(a == b):
+    if _same_stride(a, b):
         return 0
     if guard_or_false(a < b) or guard_or_false(b % a == 0):
         return -1
@@ -135,10 +145,16 @@ def _patch_dim_order_from_positive_strides(original: Any) -> Any:
     stopped on "GuardOnDataDependentSymNode: Could not guard on data-dependent expression 4*u58 < 4"
     (or ``u88*u89 < u89``). Strides of ExecuTorch tensors are positive, so each symbolic stride gets
     ``torch._check(stride >= 1)`` (no runtime check: ExecuTorch computes strides from sizes), and a
-    stride that is a multiple of another sorts outside it. An order still undecided goes to the original
-    (its error). Static strides go to the original unchanged.
+    stride that is a multiple of another sorts outside it. Two strides each a multiple of the other are
+    equal and keep their row-major order: Mamba2's chunked scan in a dynamic prefill has strides
+    ``(1024*Max(1, c), 256*Max(1, c), 256, 1)`` with ``c`` the chunk count, 1 over the whole length range;
+    taking the divisibility for "inside" labelled that contiguous tensor (0, 2, 1, 3), and the portable
+    kernels, which take only contiguous or channels-last dim orders, stopped at run time ("2 input
+    tensors have different dim orders; [op_cumsum.cpp:103]"). An order still undecided goes to the
+    original (its error). Static strides go to the original unchanged.
     Models: Siglip2Model, Siglip2VisionModel, Sam3Model, Sam3LiteTextModel, VJEPA2Model, MimiDecoderModel,
-    PocketTTSAudioTokenizerDecoderModel, Glm5NextModel, Glm5NextTextModel (executorch in the sweep).
+    PocketTTSAudioTokenizerDecoderModel, Glm5NextModel, Glm5NextTextModel (executorch in the sweep);
+    the Mamba2 family's generation (BambaForCausalLM, GraniteMoeHybridForCausalLM).
     Upstream: executorch exir/tensor.py ``dim_order_from_stride`` (its ``K.__lt__`` handles ``u0 < 2*u0``
         and ``1 < u0`` but not ``u0 < 1`` or ``k*u0 < k``; no report found)
     Remove when: ``dim_order_from_stride`` assumes positive strides.
@@ -155,7 +171,7 @@ def _patch_dim_order_from_positive_strides(original: Any) -> Any:
             torch._check(size >= 1, lambda: "0 in strides is not supported for ExecuTorch.")
         order = sorted(range(len(stride)), key=functools.cmp_to_key(lambda i, j: _stride_order(stride[i], stride[j])), reverse=True)
         for outer, inner in zip(order, order[1:]):
-            if _stride_order(stride[outer], stride[inner]) == 0 and not guard_or_false(stride[outer] == stride[inner]):
+            if _stride_order(stride[outer], stride[inner]) == 0 and not _same_stride(stride[outer], stride[inner]):
                 return original(stride)  # not decided: the original's answer, or its error
         return tuple(order)
 
