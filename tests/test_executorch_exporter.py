@@ -653,6 +653,36 @@ def test_patch_dim_order_keeps_equal_strides_row_major(tmp_path, monkeypatch):
     assert all(r.ok and r.max_abs_diff < 1e-4 for r in reports)
 
 
+class _GatedRecurrence(torch.nn.Module):
+    """A recurrent state of shape (batch, width) carried over the sequence by one scan op (as the Mamba,
+    RG-LRU and RWKV replacements do): a carry and a stacked per-step output with a symbolic batch."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # (batch, length, width)
+        from hf_exporters.workarounds.dynamo.model_patches import _linear_recurrence
+
+        state = torch.zeros(x.shape[0], x.shape[2], dtype=x.dtype)
+        last, states = _linear_recurrence(torch.sigmoid(x).transpose(0, 1), x.transpose(0, 1), state)
+        return states.transpose(0, 1), last
+
+
+def test_patch_scan_buffers_sized_at_run_time(tmp_path):
+    """A dynamic scan's carry and stacked-output buffers take their run-time shapes: without the patch
+    the program stops at the first call (the carry's copy into its upper-bound buffer); with it the
+    loop gives eager's numbers at the example's sizes, at other batches and lengths (one step
+    included) and again after a larger call."""
+    model, inputs = _GatedRecurrence(), {"x": _x(2, 8, 4)}
+    with without_workarounds("_patch_scan_buffers_sized_at_run_time"):
+        exporter = ExecutorchExporter()
+        run = exporter.load_runner(exporter.save(exporter.export(model, inputs, ExecutorchConfig(dynamic=True)), tmp_path / "without"))
+        with pytest.raises(RuntimeError, match=re.escape("[op_copy.cpp:83] Check failed (tensor_is_broadcastable_to(src, in))")):
+            run(inputs)
+    exporter = ExecutorchExporter()
+    run = exporter.load_runner(exporter.save(exporter.export(model, inputs, ExecutorchConfig(dynamic=True)), tmp_path / "with"))
+    sets = [inputs, {"x": _x(3, 5, 4)}, {"x": _x(1, 1, 4)}, {"x": _x(5, 12, 4)}, inputs]
+    reports = check_parity(model, run, sets, atol=1e-5)
+    assert [r.ok for r in reports] == [True] * 5 and max(r.max_abs_diff for r in reports) < 1e-5
+
+
 class _GaussianCutoff(torch.nn.Module):
     """Gemma 3n's activation sparsity: a cut-off at the normal quantile of a target sparsity."""
 

@@ -182,9 +182,11 @@ MODELS = {
 }
 FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo"), ("llava", "dynamo"), ("jamba", "dynamo"), ("mamba", "dynamo"), ("qwen3_5", "dynamo")}
 #: (model, backend) pairs that do not pass yet, expected to fail (strictly), with the cause
-XFAIL: dict[tuple[str, str], str] = {
-    ("mamba", "executorch"): "the prefill's zero-filled scan carry (full with the symbolic batch) runs as a static tensor in "
-    "ExecuTorch 1.4.1; the scan's carry copy fails (op_copy.cpp: tensor_is_broadcastable_to)",
+XFAIL: dict[tuple[str, str], str] = {}
+#: (model, backend) pairs whose ids match eager on some runs only (expected to fail, not strictly), with the cause
+INTERMITTENT: dict[tuple[str, str], str] = {
+    ("mamba", "executorch"): "after calls at another batch size, a decode step of ExecuTorch 1.4.1 intermittently returns "
+    "logits up to 0.4 away from eager for the same inputs (the step alone, called repeatedly, stays exact); not yet traced",
 }
 
 
@@ -214,6 +216,8 @@ def _params():
                 marks.append(pytest.mark.slow)
             if (name, backend) in XFAIL:
                 marks.append(pytest.mark.xfail(strict=True, reason=XFAIL[(name, backend)]))
+            if (name, backend) in INTERMITTENT:
+                marks.append(pytest.mark.xfail(strict=False, reason=INTERMITTENT[(name, backend)]))
             yield pytest.param(name, backend, marks=marks, id=f"{name}-{backend}")
 
 

@@ -176,3 +176,69 @@ def _patch_dim_order_from_positive_strides(original: Any) -> Any:
         return tuple(order)
 
     return dim_order_from_stride
+
+
+@register_patch("executorch", "executorch.exir.emit._emitter._Emitter._emit_scan")
+def _patch_scan_buffers_sized_at_run_time(original: Any) -> Any:
+    """The emitted scan loop sizes its buffers at run time: each carry buffer takes the initial carry's
+    shape (``clone.out`` before the loop), and at the first step each stacked-output buffer takes the
+    shape ``(1, *step_output)`` (``unsqueeze_copy.out``) before ``et_copy_index`` fills it.
+
+    Pattern: ``torch.ops.higher_order.scan`` with a symbolic size in its carry or per-step outputs (a
+    recurrent state of shape (batch, ...) in a dynamic export: Mamba's selective scan, RecurrentGemma's
+    RG-LRU and RWKV's attention as scans, see ``_linear_recurrence``). ExecuTorch emits the scan as a
+    loop over buffers planned at their upper-bound shapes. It fills the carry buffers with
+    ``aten::copy_``, which only broadcasts into the buffer's current (upper-bound) shape, so every call
+    stopped in the runtime, at the example's sizes too ("[op_copy.cpp:83] Check failed
+    (tensor_is_broadcastable_to(src, in))"). ``et_copy_index`` then requires the stacked buffer's
+    trailing axes to equal the step output's and only grows the leading axis ("[et_copy_index.cpp:107]
+    Mismatch in shape between copy_to and copy_from tensors"). The carry copies go before the original
+    emission (its jump targets are counted after them); the first-step block (``eq``, a jump past it
+    on later steps, one ``unsqueeze_copy`` per stacked output) goes inside the loop right before the
+    ``et_copy_index`` calls, after the loop's jump target, so no target moves.
+    Models: MambaForCausalLM, FalconMambaForCausalLM, ZambaForCausalLM generation (their prefill's
+    scan) on executorch; any dynamic export of a scan with symbolic sizes.
+    Upstream: executorch exir/emit/_emitter.py (``_emit_scan`` initialises carry_outputs with
+        ``aten::copy_`` and leaves the stacked outputs at their planned shape) with
+        kernels/prim_ops/et_copy_index.cpp (checks the trailing axes at every index); no report found
+    Remove when: the scan emitter sizes its carry and output buffers at run time.
+    """
+    from executorch.exir.schema import Bool, EValue, Instruction, Int, JumpFalseCall, KernelCall, Null
+
+    def _emit_scan(self: Any, args: Any, outputs: Any) -> Any:
+        init = args[1]
+        outputs = list(outputs)
+        clone_index, _ = self._get_operator(name="aten::clone", overload="out")
+        no_format = self._emit_evalue(EValue(Null())).id
+        for initial, buffer in zip(init, outputs[: len(init)]):
+            call = KernelCall(op_index=clone_index, args=[initial.id, no_format, buffer.id, buffer.id])
+            self.chain.instructions.append(Instruction(call))
+        start = len(self.chain.instructions)
+        result = original(self, args, outputs)
+        stacked = {value.id for value in outputs[len(init):]}
+        copy_index_op, _ = self._get_operator(name="executorch_prim::et_copy_index", overload="tensor")
+        fills = [
+            (position, instruction.instr_args)
+            for position, instruction in enumerate(self.chain.instructions[start:], start)
+            if isinstance(instruction.instr_args, KernelCall)
+            and instruction.instr_args.op_index == copy_index_op
+            and instruction.instr_args.args[0] in stacked
+        ]
+        if not fills:
+            return result
+        first = fills[0][0]
+        step = fills[0][1].args[2]  # the loop's iteration index
+        eq_index, _ = self._get_operator(name="executorch_prim::eq", overload="Scalar")
+        unsqueeze_index, _ = self._get_operator(name="aten::unsqueeze_copy", overload="out")
+        zero = self._emit_evalue(EValue(Int(0))).id
+        is_first = self._emit_evalue(EValue(Bool(False))).id
+        block = [Instruction(KernelCall(op_index=eq_index, args=[step, zero, is_first]))]
+        after = self.instruction_start_offset + first + 2 + len(fills)
+        block.append(Instruction(JumpFalseCall(cond_value_index=is_first, destination_instruction=after)))
+        for _, call in fills:
+            buffer, step_output = call.args[0], call.args[1]
+            block.append(Instruction(KernelCall(op_index=unsqueeze_index, args=[step_output, zero, buffer, buffer])))
+        self.chain.instructions[first:first] = block
+        return result
+
+    return _emit_scan
