@@ -603,6 +603,7 @@ def test_patch_dim_order_from_positive_strides(tmp_path):
     assert ours((4 * u, 4, 1)) == (0, 1, 2)
     assert ours((v, u * v, 1)) == (1, 0, 2)  # a transposed (u, v) grid
     assert ours((12, 4, 1)) == "original"  # static strides are left to ExecuTorch
+    assert ours((4 * u, 0, 1)) == "original"  # a 0 stride too (ExecuTorch refuses it by name)
     model, inputs = _GridFromData(), {"grid": torch.tensor([2, 3]), "patches": torch.randn(8, 4)}
     report = _refused_without_then_parity(model, inputs, "_patch_dim_order_from_positive_strides", r"Could not guard on data-dependent expression 4\*u\d+ < 4", tmp_path, atol=1e-5)
     assert report.ok and report.max_abs_diff < 1e-6

@@ -165,8 +165,8 @@ def _patch_dim_order_from_positive_strides(original: Any) -> Any:
 
     def dim_order_from_stride(stride: Any) -> Any:
         symbolic = [s for s in stride if isinstance(s, torch.SymInt)]
-        if not symbolic:
-            return original(stride)
+        if not symbolic or any(not isinstance(s, torch.SymInt) and s == 0 for s in stride):
+            return original(stride)  # static strides, or a 0 stride: ExecuTorch's own answer or error
         for size in symbolic:
             torch._check(size >= 1, lambda: "0 in strides is not supported for ExecuTorch.")
         order = sorted(range(len(stride)), key=functools.cmp_to_key(lambda i, j: _stride_order(stride[i], stride[j])), reverse=True)
