@@ -101,29 +101,23 @@ def _patch_edge_verifier_python_sym_ops(original: Any) -> Any:
     return set(original) | python_functions
 
 
-def _same_stride(a: Any, b: Any) -> bool:
-    """Strides ``a`` and ``b`` known equal: directly, or each a multiple of the other (positive strides).
-    The second catches ``256*Max(1, c) == 256`` where the range of ``c`` makes ``Max(1, c)`` 1: torch
-    proves both divisibilities but not the equality."""
-    from torch.fx.experimental.symbolic_shapes import guard_or_false
-
-    return guard_or_false(a == b) or (guard_or_false(b % a == 0) and guard_or_false(a % b == 0))
-
-
-def _stride_order(a: Any, b: Any) -> int:
+def _stride_order(a: Any, b: Any) -> int | None:
     """-1 when stride ``a`` sorts inside ``b`` (known smaller, or ``b`` a multiple of it), 1 when outside,
-    0 when equal or not known; both strides are at least 1, so a multiple is at least as large (equal
-    strides belong to a size-1 axis, which may sit on either side: the sort keeps such axes in their
-    row-major order)."""
+    0 when equal, None when not known. Both strides are at least 1, so a multiple is at least as large,
+    and two strides each a multiple of the other are equal: that catches ``256*Max(1, c) == 256`` where
+    the range of ``c`` makes ``Max(1, c)`` 1, which torch proves by divisibility but not directly.
+    Equal strides belong to a size-1 axis, which may sit on either side: the sort keeps such axes in
+    their row-major order."""
     from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-    if _same_stride(a, b):
+    a_divides_b, b_divides_a = guard_or_false(b % a == 0), guard_or_false(a % b == 0)
+    if guard_or_false(a == b) or (a_divides_b and b_divides_a):
         return 0
-    if guard_or_false(a < b) or guard_or_false(b % a == 0):
+    if guard_or_false(a < b) or a_divides_b:
         return -1
-    if guard_or_false(b < a) or guard_or_false(a % b == 0):
+    if guard_or_false(b < a) or b_divides_a:
         return 1
-    return 0
+    return None
 
 
 @register_patch(
@@ -161,17 +155,15 @@ def _patch_dim_order_from_positive_strides(original: Any) -> Any:
     """
     import functools
 
-    from torch.fx.experimental.symbolic_shapes import guard_or_false
-
     def dim_order_from_stride(stride: Any) -> Any:
         symbolic = [s for s in stride if isinstance(s, torch.SymInt)]
         if not symbolic or any(not isinstance(s, torch.SymInt) and s == 0 for s in stride):
             return original(stride)  # static strides, or a 0 stride: ExecuTorch's own answer or error
         for size in symbolic:
             torch._check(size >= 1, lambda: "0 in strides is not supported for ExecuTorch.")
-        order = sorted(range(len(stride)), key=functools.cmp_to_key(lambda i, j: _stride_order(stride[i], stride[j])), reverse=True)
+        order = sorted(range(len(stride)), key=functools.cmp_to_key(lambda i, j: _stride_order(stride[i], stride[j]) or 0), reverse=True)
         for outer, inner in zip(order, order[1:]):
-            if _stride_order(stride[outer], stride[inner]) == 0 and not _same_stride(stride[outer], stride[inner]):
+            if _stride_order(stride[outer], stride[inner]) is None:
                 return original(stride)  # not decided: the original's answer, or its error
         return tuple(order)
 
