@@ -5,6 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -411,6 +416,192 @@ def test_retry_reruns_jobs_whose_latest_record_ended_at_the_given_stage(tmp_path
     assert store.done() == keys
     assert store.done(retry=["tiny config", "eager"]) == keys - {"ours|dynamo|static|A"}
     assert store.done(retry=["timeout"]) == keys - {"ours|dynamo|static|B"}
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, pgid) of a live process; None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else (fields[0], int(fields[1]), int(fields[2]))
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _proc_stat(int(entry))
+            if stat is not None and stat[1] == pid:
+                out.append(int(entry))
+    return out
+
+
+def _wait_for(condition, seconds: float):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    return condition()
+
+
+def _job_child(parent: int) -> int | None:
+    """The forked job of ``parent`` once it leads its own process group (the runner's child does that first)."""
+    for pid in _children(parent):
+        stat = _proc_stat(pid)
+        if stat is not None and stat[2] == pid:
+            return pid
+    return None
+
+
+def test_a_job_killed_from_outside_is_a_crash_naming_the_signal_not_an_oom() -> None:
+    """Only the runner's own memory cap makes an ``oom``: a ``kill -9`` from anyone else is a crash."""
+    result: dict = {}
+    spec = {"class": "BertModel", "backend": "dynamo", "dynamic": False, "probe": "hang"}
+    thread = threading.Thread(target=lambda: result.update(runner.run_forked(spec, timeout=120, memory_bytes=2**32)))
+    thread.start()
+    child = _wait_for(lambda: _job_child(os.getpid()), 60)
+    assert child, "the job's child never started"
+    os.kill(child, signal.SIGKILL)
+    thread.join(60)
+    assert (result["outcome"], result["stage"], result["kind"]) == ("crash", "crash", "crash"), result
+    assert result["message"] == "killed by signal 9 (SIGKILL)"
+    assert runner.signal_label(signal.SIGTERM) == "15 (SIGTERM)" and runner.signal_label(40) == "40"
+
+
+_SWEEP_SCRIPT = """
+import sys
+from pathlib import Path
+from hf_exporters.sweep import runner
+store = runner.ResultStore(Path(sys.argv[1]) / "results.jsonl", {"torch": "x"}, "rev")
+spec = {"class": "A", "backend": "dynamo", "dynamic": False, "engine": "ours", "probe": "hang"}
+try:
+    runner.run_jobs([spec], store, jobs=1, timeout=600, progress=False)
+except runner.SweepInterrupted as stopped:
+    sys.exit(128 + stopped.signum)
+"""
+
+
+@pytest.mark.parametrize(
+    ("sig", "group"),
+    [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGKILL, False), (signal.SIGINT, True)],
+    ids=["SIGTERM", "SIGINT", "SIGKILL", "ctrl-c"],
+)
+def test_a_killed_sweep_leaves_no_job_running_and_records_nothing(tmp_path: Path, sig: signal.Signals, group: bool) -> None:
+    """The sweep -> zygote -> job chain: killing the sweep (even with SIGKILL) ends its job at once, and
+    neither the job's result file nor a record of it is written. ``ctrl-c``: SIGINT to the sweep's whole
+    process group, as a terminal sends it (the zygote gets it too)."""
+    out, scratch = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch))
+    sweep = subprocess.Popen([sys.executable, "-c", _SWEEP_SCRIPT, str(out)], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    found: tuple[int, int] | None = None
+    try:
+        def job() -> tuple[int, int] | None:
+            for zygote in _children(sweep.pid):
+                child = _job_child(zygote)
+                if child:
+                    return zygote, child
+            return None
+
+        found = _wait_for(job, 240)
+        assert found, f"no job started: {sweep.poll()} {sweep.stderr.read().decode()[-2000:] if sweep.poll() is not None else ''}"
+        zygote, child = found
+        time.sleep(0.5)  # the job is in its sleep
+        (os.killpg if group else os.kill)(sweep.pid, sig)
+        sweep.wait(30)
+        assert _wait_for(lambda: _proc_stat(child) is None and _proc_stat(zygote) is None, 5), "the job outlived its sweep"
+        assert sweep.returncode == (-sig if sig == signal.SIGKILL else 128 + sig)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        sweep.wait()
+        for pid in found or ():  # what a failing run left behind
+            if _proc_stat(pid) is not None:
+                os.kill(pid, signal.SIGKILL)
+    assert not (out / "results.jsonl").exists() or (out / "results.jsonl").read_text() == ""
+    assert list(scratch.glob("hf-sweep-result-*")) == []  # the job's result file was not left behind either
+
+
+def _sweep_cli(*args: str):
+    from typer.testing import CliRunner
+
+    from hf_exporters.cli import app
+
+    return CliRunner().invoke(app, ["sweep", "--only", "BertModel", "--backend", "dynamo", "--shapes", "static", "--no-progress", *args])
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else b"<dir>" for p in sorted(folder.rglob("*"))}
+
+
+def test_a_second_sweep_on_the_same_folder_refuses_and_writes_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from hf_exporters.sweep import runner; runner.claim_output(sys.argv[1]); "
+         "print('locked', flush=True); sys.stdin.read()", str(folder)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        store = runner.ResultStore(folder / "results.jsonl", {"torch": "x"}, "rev")
+        store.append({**_record("ours", "dynamo", False, "BertModel", "pass"), "versions": {"torch": "x"}, "revision": "rev"})
+        before = _snapshot(folder)
+        for args in ([], ["--no-resume"], ["--report-only"]):
+            result = _sweep_cli("--output", str(folder), *args)
+            assert result.exit_code == 1, result.output
+            assert result.stderr == (
+                f"error: --output {folder} is in use by another sweep (pid {holder.pid}); "
+                "wait for it to end or choose another --output\n"
+            )
+            assert _snapshot(folder) == before
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+    # the holder is gone (its lock with it): the folder is free again, and the lock is released after a sweep
+    result = _sweep_cli("--output", str(folder), "--report-only")
+    assert result.exit_code == 0, result.output
+    assert (folder / "report.md").exists() and not (folder / runner.LOCK_NAME).exists()
+    (folder / runner.LOCK_NAME).write_text("12345\n")  # left by a sweep killed outright: taken over
+    with runner.claim_output(folder):
+        assert (folder / runner.LOCK_NAME).read_text() == f"{os.getpid()}\n"
+    assert runner.foreign_entry(folder) is None
+
+
+def test_a_sweep_refuses_a_folder_holding_files_it_does_not_write(tmp_path: Path) -> None:
+    folder = tmp_path / "thesis"
+    (folder / "src").mkdir(parents=True)
+    (folder / "thesis.tex").write_text("\\documentclass{article}\n")
+    (folder / "src" / "main.py").write_text("print('mine')\n")
+    before = _snapshot(folder)
+    for args in ([], ["--no-resume"], ["--report-only"]):
+        result = _sweep_cli("--output", str(folder), *args)
+        assert result.exit_code == 1, result.output
+        assert result.stderr.startswith(f"error: --output {folder} holds src/main.py, which a sweep does not write;")
+        assert result.stderr.endswith("nothing was changed\n") and result.stderr.count("\n") == 1
+        assert _snapshot(folder) == before
+    # a file named as a sweep's but not one (a report of one's own) is not taken for one
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("# My report\n")
+    assert runner.foreign_entry(mine) == "report.md"
+    result = _sweep_cli("--output", str(mine / "report.md"))
+    assert (result.exit_code, result.stderr) == (1, f"error: --output {mine / 'report.md'} is a file, not a folder\n")
+    # a folder of a sweep's own files is one: the sweep appends to it and deletes nothing
+    own = tmp_path / "own"
+    store = runner.ResultStore(own / "results.jsonl", {"torch": "x"}, "rev")
+    store.append({**_record("ours", "dynamo", False, "BertModel", "pass"), "versions": {"torch": "x"}, "revision": "rev"})
+    report.write_reports(own, store.records(), {"versions": {"transformers": "x"}})
+    (own / "runs.jsonl").write_text(json.dumps({"command": "hf-exporters sweep"}) + "\n")
+    assert runner.foreign_entry(own) is None
+    result = _sweep_cli("--output", str(own), "--report-only")
+    assert result.exit_code == 0, result.output
+    assert store.records()[0]["key"] == "ours|dynamo|static|BertModel"
 
 
 # ── Classification ───────────────────────────────────────────────────────────

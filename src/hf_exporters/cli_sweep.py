@@ -84,95 +84,108 @@ def sweep(
     out_dir = output or Path("reports") / "sweep" / transformers.__version__
     if smoke and output is None:
         out_dir = Path("reports") / "sweep" / "smoke" / transformers.__version__
-    out_dir.mkdir(parents=True, exist_ok=True)
-    store = runner.ResultStore(out_dir / "results.jsonl", runner.versions(), runner.code_revision())
-
-    def ours_skip(cls: str, be: str, dyn: bool) -> str | None:
-        return skip_reason(cls, be, dyn)
-
-    import hashlib
-
-    # a partial run samples every family: classes in a fixed pseudo-random order, not alphabetical
-    ordered = sorted(selected, key=lambda c: hashlib.sha1(c.encode()).hexdigest())
-    specs = runner.plan([(c, pool[c]) for c in ordered], backends, engines, dynamics, ours_skip, recheck_skips)
-    if generation:
-        gen_ordered = sorted(gen_selected, key=lambda c: hashlib.sha1(c.encode()).hexdigest())
-        specs += runner.plan([(c, gen_pool[c]) for c in gen_ordered], backends, ["ours"], ["generation"], ours_skip, recheck_skips)
-    specs = [s for s in specs if not (s.get("skip") and s["engine"] != "ours")]
-    for s in specs:  # EXPORT_SKIPS are ours: upstream runs every job
-        if s["engine"] != "ours":
-            s.pop("skip", None)
-            s.pop("recheck", None)
-    if recheck_skips:
-        specs = [s for s in specs if s.get("recheck")]
     if runtime not in ("python", "cpp"):
         typer.echo(f"error: --runtime {runtime}: choose python or cpp", err=True)
         raise typer.Exit(1)
-    if runtime == "cpp":
-        for s in specs:
-            s["runtime"] = "cpp"
-    retry_stages = {t.strip() for t in (retry or "").split(",") if t.strip()}
-    if "setup" in retry_stages:
-        retry_stages |= set(runner.CLASS_STAGES)
-    done = store.done(any_revision, retry_stages) if resume else set()
-    pending = [s for s in specs if runner.job_key(s) not in done]
-    command = "hf-exporters sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "sweep")
-    typer.echo(
-        f"{len(all_classes)} model classes in the Auto mappings ({len(base)} base"
-        + f", {len(generative)} generative"
-        + f"); {len(selected) + len(gen_selected)} selected; "
-        f"{len(specs)} jobs, {len(specs) - len(pending)} already done; writing {out_dir}",
-        err=True,
-    )
-    records: list = []
-    if not report_only and pending:
-        with open(out_dir / "runs.jsonl", "a") as handle:  # the exact options, recorded before the run
-            handle.write(json.dumps({
-                "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs_planned": len(pending),
-                "revision": store.revision,
-                "options": {"backend": backends, "engine": engines, "shapes": shapes, "classes": classes, "only": only,
-                            "shard": shard, "jobs": jobs, "timeout": timeout, "memory_gb": memory_gb, "ray": ray,
-                            "recheck_skips": recheck_skips, "smoke": smoke, "resume": resume,
-                            "resume_any_revision": any_revision, "runtime": runtime, "retry": retry},
-            }) + "\n")
-        records = runner.run_jobs(
-            pending, store, jobs=jobs, timeout=timeout, memory_gb=memory_gb, ray_address=ray, progress=progress,
-            log=Path(tempfile.gettempdir()) / f"hf-sweep-jobs-{os.getpid()}.log",  # the models' own output
-        )
-    runs = [json.loads(line) for line in (out_dir / "runs.jsonl").read_text().splitlines()] if (out_dir / "runs.jsonl").exists() else []
-    meta = {
-        "versions": store.versions,
-        "revision": store.revision,
-        "classes_total": len(all_classes),
-        "base_classes_total": len(base),
-        "class_set": "smoke" if smoke else classes,
-        "classes_selected": len(selected),
-        "generative_classes_total": len(generative),
-        "runs": runs,
-        "revisions_recorded": sorted({r.get("revision", "?") for r in store.records()}),
-    }
-    summary = report.write_reports(out_dir, store.records(), meta)
-    for g in summary["groups"].values():
+    try:  # before anything is written: a folder of a sweep's own files only, and one sweep at a time
+        folder_lock = runner.claim_output(out_dir)
+    except runner.OutputFolderError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    with folder_lock:  # held until the reports are written, released however the sweep ends
+        store = runner.ResultStore(out_dir / "results.jsonl", runner.versions(), runner.code_revision())
+
+        def ours_skip(cls: str, be: str, dyn: bool) -> str | None:
+            return skip_reason(cls, be, dyn)
+
+        import hashlib
+
+        # a partial run samples every family: classes in a fixed pseudo-random order, not alphabetical
+        ordered = sorted(selected, key=lambda c: hashlib.sha1(c.encode()).hexdigest())
+        specs = runner.plan([(c, pool[c]) for c in ordered], backends, engines, dynamics, ours_skip, recheck_skips)
+        if generation:
+            gen_ordered = sorted(gen_selected, key=lambda c: hashlib.sha1(c.encode()).hexdigest())
+            specs += runner.plan([(c, gen_pool[c]) for c in gen_ordered], backends, ["ours"], ["generation"], ours_skip, recheck_skips)
+        specs = [s for s in specs if not (s.get("skip") and s["engine"] != "ours")]
+        for s in specs:  # EXPORT_SKIPS are ours: upstream runs every job
+            if s["engine"] != "ours":
+                s.pop("skip", None)
+                s.pop("recheck", None)
+        if recheck_skips:
+            specs = [s for s in specs if s.get("recheck")]
+        if runtime == "cpp":
+            for s in specs:
+                s["runtime"] = "cpp"
+        retry_stages = {t.strip() for t in (retry or "").split(",") if t.strip()}
+        if "setup" in retry_stages:
+            retry_stages |= set(runner.CLASS_STAGES)
+        done = store.done(any_revision, retry_stages) if resume else set()
+        pending = [s for s in specs if runner.job_key(s) not in done]
+        command = "hf-exporters sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "sweep")
         typer.echo(
-            f"{g['engine']:>8} {g['backend']:>10} {g.get('shapes', 'dynamic' if g['dynamic'] else 'static'):>10}: "
-            f"{g['pass']}/{g['total']} pass ({100 * g['pass_rate']:.1f}%), {g['skip']} skip"
+            f"{len(all_classes)} model classes in the Auto mappings ({len(base)} base"
+            + f", {len(generative)} generative"
+            + f"); {len(selected) + len(gen_selected)} selected; "
+            f"{len(specs)} jobs, {len(specs) - len(pending)} already done; writing {out_dir}",
+            err=True,
         )
-    if recheck_skips:
-        now_pass = sorted({f"{r['model_class']} ({r['backend']}, {'dynamic' if r['dynamic'] else 'static'})" for r in records if r["outcome"] == "pass"})
-        typer.echo("EXPORT_SKIPS entries that now pass (remove them):" if now_pass else "no EXPORT_SKIPS entry passes yet")
-        for line in now_pass:
-            typer.echo(f"  {line}")
-    if smoke:
-        latest = report.latest(store.records())
-        if update_baseline:
-            smoke_set.write_baseline(latest)
-            typer.echo(f"baseline written: {smoke_set.BASELINE}")
-        else:
-            bad = smoke_set.regressions(latest, smoke_set.load_baseline())
-            if bad:
-                typer.echo("smoke sweep regressions:\n  " + "\n  ".join(bad), err=True)
-                raise typer.Exit(1)
-            typer.echo("smoke sweep: no regression against the baseline")
+        records: list = []
+        if not report_only and pending:
+            with open(out_dir / "runs.jsonl", "a") as handle:  # the exact options, recorded before the run
+                handle.write(json.dumps({
+                    "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs_planned": len(pending),
+                    "revision": store.revision,
+                    "options": {"backend": backends, "engine": engines, "shapes": shapes, "classes": classes, "only": only,
+                                "shard": shard, "jobs": jobs, "timeout": timeout, "memory_gb": memory_gb, "ray": ray,
+                                "recheck_skips": recheck_skips, "smoke": smoke, "resume": resume,
+                                "resume_any_revision": any_revision, "runtime": runtime, "retry": retry},
+                }) + "\n")
+            try:
+                records = runner.run_jobs(
+                    pending, store, jobs=jobs, timeout=timeout, memory_gb=memory_gb, ray_address=ray, progress=progress,
+                    log=Path(tempfile.gettempdir()) / f"hf-sweep-jobs-{os.getpid()}.log",  # the models' own output
+                )
+            except runner.SweepInterrupted as stopped:
+                typer.echo(
+                    f"error: sweep stopped by {stopped.name}: its running jobs were killed and not recorded; "
+                    f"{len(store.records())} records kept in {store.path}; rerun the command to resume",
+                    err=True,
+                )
+                raise typer.Exit(128 + stopped.signum) from None
+        runs = [json.loads(line) for line in (out_dir / "runs.jsonl").read_text().splitlines()] if (out_dir / "runs.jsonl").exists() else []
+        meta = {
+            "versions": store.versions,
+            "revision": store.revision,
+            "classes_total": len(all_classes),
+            "base_classes_total": len(base),
+            "class_set": "smoke" if smoke else classes,
+            "classes_selected": len(selected),
+            "generative_classes_total": len(generative),
+            "runs": runs,
+            "revisions_recorded": sorted({r.get("revision", "?") for r in store.records()}),
+        }
+        summary = report.write_reports(out_dir, store.records(), meta)
+        for g in summary["groups"].values():
+            typer.echo(
+                f"{g['engine']:>8} {g['backend']:>10} {g.get('shapes', 'dynamic' if g['dynamic'] else 'static'):>10}: "
+                f"{g['pass']}/{g['total']} pass ({100 * g['pass_rate']:.1f}%), {g['skip']} skip"
+            )
+        if recheck_skips:
+            now_pass = sorted({f"{r['model_class']} ({r['backend']}, {'dynamic' if r['dynamic'] else 'static'})" for r in records if r["outcome"] == "pass"})
+            typer.echo("EXPORT_SKIPS entries that now pass (remove them):" if now_pass else "no EXPORT_SKIPS entry passes yet")
+            for line in now_pass:
+                typer.echo(f"  {line}")
+        if smoke:
+            latest = report.latest(store.records())
+            if update_baseline:
+                smoke_set.write_baseline(latest)
+                typer.echo(f"baseline written: {smoke_set.BASELINE}")
+            else:
+                bad = smoke_set.regressions(latest, smoke_set.load_baseline())
+                if bad:
+                    typer.echo("smoke sweep regressions:\n  " + "\n  ".join(bad), err=True)
+                    raise typer.Exit(1)
+                typer.echo("smoke sweep: no regression against the baseline")
 
 
 def register(app: typer.Typer) -> None:
