@@ -256,3 +256,116 @@ def test_patches_unknown_backend():
 def test_default_model_is_the_embedded_minilm():
     path = default_model_path()
     assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
+
+
+# ── Faults a user hit: each prints one error: line, exits with its documented status, writes nothing ──
+
+
+def test_generation_export_refuses_a_randomly_initialised_head(tmp_path):
+    """A base-model checkpoint (LlamaModel, no lm_head) exported for text-generation: the head would be random."""
+    folder = tmp_path / "base"
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2
+    )
+    transformers.LlamaModel(config).save_pretrained(folder)
+    code, output = _run("export", "-m", str(folder), "--task", "text-generation", "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert output.strip().splitlines()[-1] == (
+        f"error: {folder} has no weights for 1 parameter(s) of LlamaForCausalLM (lm_head.weight): task 'text-generation' "
+        "needs a head this checkpoint does not have, and exporting randomly initialised weights would be meaningless; "
+        "choose the checkpoint's own task (or pass --allow-random-weights)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_nan_in_the_weights_blames_the_checkpoint(tiny_bert, tmp_path):
+    broken = tmp_path / "broken"
+    model = transformers.BertModel.from_pretrained(tiny_bert)
+    with torch.no_grad():
+        model.encoder.layer[0].output.dense.weight.fill_(float("nan"))
+    model.save_pretrained(broken)
+    code, output = _run("export", "-m", str(broken), "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert output.strip().startswith(
+        "error: eager PyTorch itself returns NaN or inf (last_hidden_state: 512 of 512 values; pooler_output: 64 of 64 values): "
+        "the model or its checkpoint is broken"
+    ), output
+    assert not (tmp_path / "out").exists()
+
+
+def test_corrupt_config_for_generation_is_one_error_line(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
+    code, output = _run("export", "-m", str(folder), "--task", "text-generation", "-o", str(tmp_path / "out"))
+    assert code == 1
+    assert output.strip().startswith(f"error: not a transformers checkpoint: config.json in {folder} cannot be read (")
+    assert len(output.strip().splitlines()) == 1
+
+
+def _cli_process(*args, **kwargs):
+    from pathlib import Path
+
+    command = Path(sys.executable).parent / "hf-exporters"  # the installed entry point, as a user runs it
+    return subprocess.run([str(command), *args], capture_output=True, text=True, timeout=300, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["export", "-o", "/tmp/x", "--max-seq-len"], "error: Option '--max-seq-len' requires an argument. (see 'hf-exporters --help')"),
+        (["generate", "nowhere", "-p", "x", "-n", "-5"], "error: Invalid value for '--max-new-tokens' / '-n': Input should be greater than or equal to 1 (see 'hf-exporters generate --help')"),
+        (["dance"], "error: No such command 'dance'. (see 'hf-exporters --help')"),
+    ],
+)
+def test_usage_errors_are_one_line_with_status_2(args, message):
+    proc = _cli_process(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == message
+    assert "Traceback" not in proc.stderr and "╭" not in proc.stderr
+
+
+@pytest.mark.parametrize(("target", "reason"), [("/proc/hfx-test", "No such file or directory"), ("afile/sub", None)])
+def test_unwritable_output_is_one_error_line(tiny_bert, tmp_path, target, reason):
+    (tmp_path / "afile").write_text("keep")
+    out = target if target.startswith("/") else str(tmp_path / target)
+    code, output = _run("export", "-m", str(tiny_bert), "-o", out)
+    assert code == 1
+    line = output.strip()
+    if reason:
+        assert line == f"error: cannot write the output folder {out}: {reason}"
+    else:
+        assert line == f"error: cannot create the output folder {out}: {tmp_path / 'afile'} is a file, not a folder"
+    assert (tmp_path / "afile").read_text() == "keep"
+
+
+def test_sigterm_stops_the_export_and_leaves_nothing(tiny_bert, tmp_path):
+    """SIGTERM while the artifact is being written: exit 143, no output folder, no staging folder."""
+    marker = tmp_path / "saving"
+    script = (
+        "import sys, time, pathlib\n"
+        "from hf_exporters.exporters.dynamo import DynamoExporter\n"
+        "save = DynamoExporter.save\n"
+        "def slow_save(self, program, folder):\n"
+        "    path = save(self, program, folder)\n"
+        f"    pathlib.Path({str(marker)!r}).write_text('x')\n"
+        "    time.sleep(60)\n"
+        "    return path\n"
+        "DynamoExporter.save = slow_save\n"
+        "from hf_exporters.cli import app\n"
+        f"sys.argv = ['hf-exporters', 'export', '-m', {str(tiny_bert)!r}, '-o', {str(tmp_path / 'out')!r}]\n"
+        "app()\n"
+    )
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")], "the export never reached its staging folder"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert stderr.strip().splitlines()[-1] == f"error: interrupted by SIGTERM; nothing was written to {tmp_path / 'out'}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["saving"]

@@ -229,6 +229,15 @@ def test_greedy_ids_equal_eager(name, backend, tmp_path):
     assert all(part["parity"]["ok"] for part in manifest["parts"].values())
     generator = ExportedGenerator.from_pretrained(folder)
     _assert_same_ids(model, generator, input_sets)
+    if (name, backend) == ("llama", "executorch"):
+        # ExecuTorch planned memory for 128 positions: a longer prompt is refused before the runtime runs
+        long_prompt = torch.randint(3, 64, (1, 200))
+        with pytest.raises(InputError, match=r"^prompt of 200 tokens: this folder was exported for at most 128 \(re-export with a larger --max-seq-len\)$"):
+            generator.generate(input_ids=long_prompt, max_new_tokens=2)
+        with pytest.raises(InputError, match=r"^prompt of 100 tokens plus 40 new tokens needs 139 positions: this folder was exported for at most 128 "):
+            generator.generate(input_ids=long_prompt[:, :100], max_new_tokens=40)
+    if (name, backend) == ("llama", "onnx"):
+        _assert_truncated_weights_are_named(folder, manifest, input_sets[0])
     if name == "llava":  # the folder's image encoder needs its image
         assert manifest["parts"]["image_encoder"]["extra"] == {"modality": "image", "input": "pixel_values", "per_item": True}
         text_only = {k: v for k, v in input_sets[0].items() if k != "pixel_values"}
@@ -328,6 +337,84 @@ def test_manifest_path_leaving_folder(llama_folder, tmp_path):
         read_manifest(target)
 
 
+def _assert_truncated_weights_are_named(folder, manifest, inputs):
+    """A truncated ``.onnx.data``: one error naming the part and the file, from the load or the first run."""
+    from hf_exporters.errors import ArtifactRunError
+
+    data = [f for f in manifest["parts"]["decode"]["files"] if f.endswith(".data")]
+    assert data, manifest["parts"]["decode"]["files"]
+    path = folder / data[0]
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises((ManifestError, ArtifactRunError), match=r"part 'decode'"):
+        ExportedGenerator.from_pretrained(folder).generate(**inputs, max_new_tokens=3)
+
+
+def _edit_file(name, content):
+    def edit(manifest, target):
+        (target / name).write_text(content)
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_edit_file("config.json", '{"model_type": "llama", '), r"config\.json cannot be read: "),
+        (_edit_file("generation_config.json", "not json"), r"generation_config\.json cannot be read: "),
+        (lambda m, _: m["parts"]["decode"].update(role="speculate"), r"part 'decode' has an unknown role 'speculate' \(known: encoder, prefill, decode\)$"),
+        (lambda m, _: m["parts"].pop("decode"), r"no part has the role 'decode'; a generation folder needs a prefill and a decode part$"),
+        (lambda m, _: m["parts"]["decode"].update(role="prefill"), r"two parts share a role \(prefill\)$"),
+    ],
+    ids=["corrupt-config", "corrupt-generation-config", "unknown-role", "no-decode", "two-prefills"],
+)
+def test_a_broken_folder_is_one_manifest_error(llama_folder, tmp_path, edit, message):
+    target = _copy_with(llama_folder[0], tmp_path, edit)
+    with pytest.raises(ManifestError, match=message):
+        ExportedGenerator.from_pretrained(target)
+
+
+def _foreign_artifact(llama_folder, tmp_path, backend, suffix, content):
+    """The dynamo folder relabelled as ``backend`` with ``content`` as each part's file."""
+
+    def edit(manifest, target):
+        manifest["backend"] = backend
+        for part in manifest["parts"].values():
+            new = part["file"].rsplit(".", 1)[0] + suffix
+            (target / new).write_bytes(content)
+            part["file"], part["files"] = new, [new]
+
+    return _copy_with(llama_folder[0], tmp_path, edit)
+
+
+def test_random_onnx_bytes_are_one_manifest_error(llama_folder, tmp_path):
+    target = _foreign_artifact(llama_folder, tmp_path, "onnx", ".onnx", os.urandom(4096))
+    with pytest.raises(ManifestError, match=r"prefill/model\.onnx: part 'prefill' cannot be loaded by the onnx runtime \(corrupt or truncated file\?\): "):
+        ExportedGenerator.from_pretrained(target)
+
+
+@pytest.mark.parametrize("content", ["random", "truncated"])
+def test_a_bad_pte_never_aborts_the_process(llama_folder, tmp_path, content):
+    """Random bytes handed to the ExecuTorch runtime aborted the process (SIGABRT, exit 134): now they
+    are refused before the runtime sees them. Run in a child process, so an abort cannot end the suite."""
+    pytest.importorskip("executorch.runtime")
+    import subprocess
+    import sys
+
+    if content == "random":
+        data = b"\x00\x01\x02\x03" + os.urandom(8188)
+    else:  # a real .pte header promising more than the file holds
+        data = b"\x1c\x00\x00\x00ET12eh00" + (32).to_bytes(4, "little") + (10**6).to_bytes(8, "little") + bytes(8) + bytes(8) + bytes(64)
+    target = _foreign_artifact(llama_folder, tmp_path, "executorch", ".pte", data)
+    _write_tokenizer(target)
+    command = os.path.join(os.path.dirname(sys.executable), "hf-exporters")
+    proc = subprocess.run([command, "generate", str(target), "-p", "a b c"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    expected = "is not an ExecuTorch program (.pte): no 'ET' file identifier at bytes 4-8" if content == "random" else "is truncated: 104 bytes where its header promises 1000000"
+    assert last.startswith(f"error: {target / 'prefill' / 'model.pte'}: part 'prefill' cannot be loaded by the executorch runtime"), last
+    assert last.endswith(expected), last
+
+
 def test_manifest_missing(tmp_path):
     with pytest.raises(ManifestError, match="export.json is missing"):
         ExportedGenerator.from_pretrained(tmp_path)
@@ -370,6 +457,15 @@ def test_cli_generate_compare_eager(tmp_path):
 
     bad = CliRunner().invoke(app, ["generate", str(tmp_path / "nowhere"), "--prompt", "x"])
     assert bad.exit_code != 0 and "export.json is missing" in bad.output
+
+    empty = CliRunner().invoke(app, ["generate", str(out), "--prompt", "  "])
+    assert empty.exit_code == 1 and empty.output.strip() == "error: the prompt is empty: give --prompt some text to continue"
+    # ids that differ from eager have their own status (3), apart from errors (1) and usage errors (2)
+    other = tmp_path / "other"
+    _spread_weights(tf.LlamaForCausalLM(tf.LlamaConfig(**TINY, eos_token_id=None)), seed=1).save_pretrained(other)
+    differ = CliRunner().invoke(app, ["generate", str(out), "--prompt", "a b c d", "-n", "8", "--compare-eager", "--model", str(other)])
+    assert differ.exit_code == 3, differ.output
+    assert "equal to eager generate(): no" in differ.output
 
 
 def _write_tokenizer(folder) -> None:

@@ -15,9 +15,51 @@ import typer
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-app = typer.Typer(
+#: exit statuses (README "Errors and exit codes"); generate --compare-eager adds 3 (ids differ,
+#: hf_exporters.cli_generate.EXIT_IDS_DIFFER); an interrupt exits with 128 + the signal (130, 143)
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+class _App(typer.Typer):
+    """The command line as a process runs it: a usage error is one ``error:`` line with status 2 (the
+    CLI library's convention), an unexpected exception one ``error:`` line with status 1 (the
+    traceback only with ``HFX_TRACEBACK=1``), never a traceback panel."""
+
+    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        from typer._click import exceptions as click_errors
+
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().__call__(*args, **kwargs)
+        except click_errors.NoArgsIsHelpError as error:
+            typer.echo(error.ctx.get_help() if error.ctx is not None else str(error))
+            code = 0
+        except click_errors.UsageError as error:
+            where = error.ctx.command_path if error.ctx is not None else os.path.basename(sys.argv[0] or "hf-exporters")
+            hint = f" (see '{where} --help')"
+            typer.echo(f"error: {error.format_message()}{hint}", err=True)
+            code = EXIT_USAGE
+        except typer.Abort:
+            typer.echo("error: interrupted", err=True)
+            code = 130
+        except KeyboardInterrupt as error:
+            code = getattr(error, "exit_code", 130)
+            typer.echo(f"error: {error or 'interrupted'}", err=True)
+        except Exception as error:  # noqa: BLE001 - the last line of defence: never a traceback
+            if os.environ.get("HFX_TRACEBACK"):
+                raise
+            from .exporters._common import first_line
+
+            typer.echo(f"error: unexpected {first_line(error)} (a bug in hf-exporters; HFX_TRACEBACK=1 prints the traceback)", err=True)
+            code = EXIT_ERROR
+        sys.exit(code or 0)
+
+
+app = _App(
     add_completion=False,
     no_args_is_help=True,
+    pretty_exceptions_enable=False,
     help="Export Hugging Face transformers models to torch.export (.pt2), ONNX and ExecuTorch (.pte), checked in the real runtime.",
 )
 
@@ -39,12 +81,45 @@ def export(
     atol: Optional[float] = typer.Option(None, "--atol", help="Parity tolerance (max abs diff); default per backend."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty output folder."),
     aoti: bool = typer.Option(False, "--aoti", help="dynamo: also compile an AOTInductor package (model.aoti.pt2) for C++ (needs g++)."),
+    max_seq_len: Optional[int] = typer.Option(
+        None, "--max-seq-len", help="executorch: upper bound of every dynamic axis (a generation folder's prompt plus new tokens); default 128."
+    ),
+    allow_random_weights: bool = typer.Option(
+        False, "--allow-random-weights", help="Export even when the checkpoint lacks weights transformers then initialises at random (a head)."
+    ),
 ) -> None:
-    """Export a checkpoint with one backend, check it against eager PyTorch, and write the folder."""
+    """Export a checkpoint with one backend, check it against eager PyTorch, and write the folder.
+
+    Exit status: 0 written; 1 an error (one 'error:' line, nothing written); 2 a usage error;
+    130 / 143 interrupted by SIGINT / SIGTERM (nothing written).
+    """
+    from . import interrupts
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        with interrupts.handled():
+            _export(model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights)
+    except interrupts.Interrupted as stop:
+        _fail(f"{stop}; nothing was written to {output}", stop.exit_code)
+
+
+def _export(
+    model: Optional[str],
+    output: Path,
+    backend: str,
+    task: Optional[str],
+    dynamic: bool,
+    recipe: Optional[str],
+    validate: bool,
+    atol: Optional[float],
+    overwrite: bool,
+    aoti: bool,
+    max_seq_len: Optional[int],
+    allow_random_weights: bool,
+) -> None:
     from .errors import HfExportersError, InputError
     from .pipeline import build_inputs, check_output_folder, default_model_path, export_to_folder, load_checkpoint, make_exporter
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         make_exporter(backend)  # an unknown backend or a missing extra fails before the model loads
         if atol is not None and not (atol >= 0 and math.isfinite(atol)):
@@ -57,11 +132,14 @@ def export(
             from .generation import export_generation_folder
 
             # generation exports are always dynamic: prefill and decode graphs serve every length
-            manifest = export_generation_folder(path, backend, output, recipe=recipe, validate=validate, overwrite=overwrite, aoti=aoti)
+            manifest = export_generation_folder(
+                path, backend, output, recipe=recipe, validate=validate, overwrite=overwrite, aoti=aoti,
+                allow_random_weights=allow_random_weights, max_seq_len=max_seq_len,
+            )
             parts = ", ".join(f"{name} ({part['file']})" for name, part in manifest["parts"].items())
             typer.echo(f"exported {manifest['model_class']} for generation with {backend} to {output}: {parts}")
             return
-        loaded, preprocessor, task_name = load_checkpoint(path, task)
+        loaded, preprocessor, task_name = load_checkpoint(path, task, allow_random_weights)
         inputs = build_inputs(loaded, preprocessor)
         manifest = export_to_folder(
             loaded,
@@ -76,6 +154,7 @@ def export(
             task=task_name,
             overwrite=overwrite,
             aoti=aoti,
+            max_seq_len=max_seq_len,
         )
     except HfExportersError as error:
         _fail(str(error))

@@ -51,6 +51,10 @@ class ExecutorchConfig(DynamoConfig):
     Attributes:
         backend: the ExecuTorch backend preparer to use: ``"xnnpack"`` (CPU float32, XNNPACK delegate),
             ``"portable"`` (no delegate, portable kernels) or ``"cuda"`` (CUDA bfloat16, CUDA delegate).
+        max_seq_len: upper bound of every dynamic axis left unbounded (sequence, cache, batch): ExecuTorch
+            plans memory for the largest size, so a longer input fails at run time. None: 128 (or the
+            example's size when larger). A generation folder's prompt plus new tokens must fit in it.
     """
 
     backend: str = "xnnpack"
+    max_seq_len: int | None = None

@@ -65,3 +65,13 @@ class CppRunnerError(HfExportersError):
 
     The message is the runner's own one-line error (``make cpp`` builds the runner).
     """
+
+
+class ArtifactRunError(HfExportersError):
+    """An exported artifact loaded but its runtime failed while running it (a truncated weights file,
+    a kernel that refused its inputs). The message names the part, the file and the runtime's error."""
+
+
+class BrokenModelError(InputError):
+    """Eager PyTorch itself returns NaN or infinity where the exported artifact is compared with it:
+    the model or its checkpoint is broken (NaN weights, an overflowing dtype), not the export."""

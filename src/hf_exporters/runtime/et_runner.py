@@ -102,6 +102,39 @@ def execute_logging_failures(method: Any, flat: list[Any], log: Any = None) -> A
     raise RuntimeError(f"{failure}: " + "; ".join((named or lines)[-3:])) from failure
 
 
+def check_pte_file(path: str | os.PathLike[str] | bytes) -> None:
+    """Refuse what is not a whole ``.pte`` program before the runtime sees it.
+
+    The runtime's loader trusts its input: random bytes can pass its first checks and abort the whole
+    process later (a ``UnicodeDecodeError`` thrown through pybind11 ends in ``std::terminate``). This
+    reads the flatbuffer file identifier (``ET..`` at bytes 4-8) and, when present, the extended header
+    (``eh00``), and checks that the file holds the program and segment data the header promises.
+
+    Raises:
+        ValueError: the file is too short, has no ExecuTorch identifier, or is truncated (the message
+            gives the sizes).
+    """
+    from pathlib import Path
+
+    data = bytes(path) if isinstance(path, (bytes, bytearray)) else None
+    name = "the program" if data is not None else str(path)
+    if data is None:
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+        size = Path(path).stat().st_size
+    else:
+        head, size = data[:64], len(data)
+    if size < 8 or not head[4:6] == b"ET":
+        raise ValueError(f"{name} is not an ExecuTorch program (.pte): no 'ET' file identifier at bytes 4-8")
+    if head[8:12] == b"eh00" and len(head) >= 40:
+        program_size = int.from_bytes(head[16:24], "little")
+        segment_base = int.from_bytes(head[24:32], "little")
+        segment_size = int.from_bytes(head[32:40], "little") if int.from_bytes(head[12:16], "little") > 24 else 0
+        needed = max(program_size, segment_base + segment_size if segment_base else 0)
+        if size < needed:
+            raise ValueError(f"{name} is truncated: {size} bytes where its header promises {needed}")
+
+
 #: the constant method the exporter stores (kept in sync with hf_exporters.exporters.executorch)
 INPUT_MUTATIONS_METHOD = "hf_exporters_input_mutation_outputs"
 
@@ -118,6 +151,7 @@ class ExecutorchRunner:
         runtime_module = require("executorch.runtime", "Running a .pte program")
         self.runtime = runtime_module.Runtime.get()
         data: Any = bytes(path) if isinstance(path, (bytes, bytearray)) else str(path)
+        check_pte_file(path)
         self.program = self.runtime.load_program(data)
         try:
             self.method = self.program.load_method(method)
@@ -137,6 +171,14 @@ class ExecutorchRunner:
             ) from error
         if self.method is None:
             raise ValueError(f"the program has no method {method!r} (it has {sorted(self.program.method_names)})")
+        meta = self.method.metadata
+        #: each input's largest sizes (the memory ExecuTorch planned), None for a non-tensor input
+        self.input_max_sizes: list[tuple[int, ...] | None] = []
+        for index in range(meta.num_inputs()):
+            try:
+                self.input_max_sizes.append(tuple(meta.input_tensor_meta(index).sizes()))
+            except Exception:  # noqa: BLE001 - a scalar input has no tensor metadata
+                self.input_max_sizes.append(None)
         # ExecuTorch returns the mutated user inputs (an updated StaticCache) before the model outputs;
         # the exporter records their number in a constant method.
         self._log: Any = None

@@ -6,6 +6,8 @@ signature, placeholder metadata).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +21,19 @@ from ...registry import register_fx_program_fix
 #: The upper bound given to a dynamic size ``Dim.AUTO`` left unbounded. ExecuTorch plans memory for
 #: the largest size a tensor can take; an explicit ``Dim(..., max=N)`` in ``dynamic_shapes`` overrides it.
 UNBOUNDED_DIM_MAX = 128
+
+#: the bound used by the current export (``ExecutorchConfig.max_seq_len``, CLI ``--max-seq-len``)
+_dim_max: contextvars.ContextVar[int] = contextvars.ContextVar("hf_exporters_executorch_dim_max", default=UNBOUNDED_DIM_MAX)
+
+
+@contextlib.contextmanager
+def dynamic_dim_max(bound: int | None) -> Iterator[None]:
+    """Use ``bound`` (default :data:`UNBOUNDED_DIM_MAX`) as the upper bound of unbounded dynamic sizes in the block."""
+    token = _dim_max.set(int(bound) if bound else UNBOUNDED_DIM_MAX)
+    try:
+        yield
+    finally:
+        _dim_max.reset(token)
 
 
 def _shape_env(exported_program: torch.export.ExportedProgram):
@@ -47,7 +62,8 @@ def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProg
     ExecuTorch's memory planning sizes each planned tensor at its upper bound and falls back to the
     example input's size for ``int_oo``, so any larger input fails at run time with
     "Attempted to resize a bounded tensor with a maximum capacity of N elements". The symbol's range
-    (``range_constraints`` and the program's ShapeEnv) becomes ``[lower, max(UNBOUNDED_DIM_MAX, example)]``.
+    (``range_constraints`` and the program's ShapeEnv) becomes ``[lower, max(N, example)]``, ``N`` the
+    config's ``max_seq_len`` (CLI ``--max-seq-len``), :data:`UNBOUNDED_DIM_MAX` by default.
     Models: every model exported with ``dynamic=True`` (BertModel, LlamaForCausalLM, EfficientNetModel, ...).
     Upstream: pytorch/executorch memory planning needs bounded dynamic shapes (exir/sym_util.py eval_upper_bound
     falls back to the trace hint for int_oo); https://docs.pytorch.org/executorch/stable/concepts.html#dynamic-shapes
@@ -59,7 +75,7 @@ def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProg
         if bounds.upper is not int_oo:
             continue
         hint = _hint(shape_env, symbol)
-        upper = max(UNBOUNDED_DIM_MAX, hint or 0)
+        upper = max(_dim_max.get(), hint or 0)
         new = ValueRanges(bounds.lower, sympy.Integer(upper))
         exported_program.range_constraints[symbol] = new
         if shape_env is not None and symbol in shape_env.var_to_range:
