@@ -1,0 +1,141 @@
+"""XNNPACK partitions: attention and LayerNorm decomposed into ops XNNPACK's partitioner claims.
+
+Pattern: ExecuTorch's lowering decomposes ``scaled_dot_product_attention`` with torch's math
+decomposition (a 4-D ``matmul``, which becomes ``expand_copy`` + ``view_copy`` + ``bmm``; ``mul.Scalar``
+for the scale; a guard for rows whose every key is masked: ``eq(-inf)``, ``logical_not``, ``any``,
+``where``) and keeps ``native_layer_norm``. XNNPACK 1.4.1 claims none of ``expand_copy``,
+``mul.Scalar``, ``where``, ``any``, ``logical_not`` or ``native_layer_norm``, so every attention
+block and every LayerNorm ends an XNNPACK partition: all-MiniLM-L6-v2 lowered as 26 partitions
+(static shapes) with portable kernels and copies between them, which made the ``.pte`` slower than
+eager PyTorch and its lowering slow (XNNPACK's ``preprocess`` runs once per partition).
+
+Here the decomposition table ExecuTorch's lowering uses gets two entries, for the XNNPACK recipe and
+static shapes only (with dynamic batch and sequence, XNNPACK claims no view with two symbolic sizes, so
+the model's own head reshapes split the graph whatever the attention becomes):
+
+- ``scaled_dot_product_attention`` over 4-D inputs with a boolean mask or none: ``bmm`` over
+  ``(batch * heads, length, head_dim)`` views, an additive bias ``where(mask, 0, finfo.min)`` and a
+  keep factor ``any(mask, -1)`` computed from the mask alone (so they sit outside the partition
+  without splitting it), ``softmax(scores + bias) * keep`` (a row with every key masked is 0, as torch's
+  guard makes it). Float masks, causal flags, dropout and grouped-query broadcasting keep torch's
+  decomposition.
+- ``native_layer_norm`` over the last axis of a 3-D float32 input: the statistics as XNNPACK's
+  ``mean.dim`` over a trailing singleton axis (a 4-D global average pooling), then ``sub``, ``mul``,
+  ``rsqrt``, ``add``.
+- ``select`` of a float32 tensor (a pooler's first token): ``slice_copy`` and a static ``view``.
+
+Models: every encoder with LayerNorm and SDPA attention (BertModel, all-MiniLM-L6-v2, RoBERTa,
+DistilBERT, ...) and decoders with boolean SDPA masks, on ``--backend executorch --recipe xnnpack``.
+Upstream: pytorch/executorch backends/xnnpack/partition/config/generic_node_configs.py has no
+LayerNorm, ``where`` or ``expand_copy`` config and claims ``mean.dim`` over 4-D inputs only;
+torch/_decomp ``_scaled_dot_product_attention_math`` decomposes a 4-D matmul with ``expand``.
+Remove when: XNNPACK's partitioner claims ``native_layer_norm`` and ExecuTorch lowers SDPA to XNNPACK
+ops (or a fused SDPA kernel of XNNPACK's).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ...registry import register_patch
+
+_SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_LAYER_NORM = torch.ops.aten.native_layer_norm.default
+_SELECT = torch.ops.aten.select.int
+
+
+def _symbolic(*tensors: torch.Tensor | None) -> bool:
+    return any(isinstance(size, torch.SymInt) for t in tensors if t is not None for size in t.shape)
+
+
+def attention_for_xnnpack(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
+    """``scaled_dot_product_attention`` of ``query (B, H, L, E)``, ``key (B, H, S, E)``, ``value (B, H, S, Ev)``
+    and a boolean ``attn_mask`` broadcastable to ``(B, H, L, S)`` (True: attend), as ``bmm``, ``softmax``,
+    ``add`` and ``mul``; returns ``(B, H, L, Ev)``. ``NotImplemented`` (torch's decomposition then
+    applies) for other ranks, float masks, ``is_causal``, dropout, and key/value with other head counts."""
+    if dropout_p or is_causal or query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return NotImplemented
+    if _symbolic(query, key, value, attn_mask):
+        return NotImplemented  # XNNPACK claims no view with two symbolic sizes: nothing to gain
+    if query.dtype != torch.float32 or key.shape[:2] != query.shape[:2] or value.shape[:2] != query.shape[:2]:
+        return NotImplemented
+    if attn_mask is not None and (attn_mask.dtype != torch.bool or attn_mask.dim() != 4):
+        return NotImplemented
+    batch, heads, length, dim = query.shape
+    keys, value_dim = key.shape[2], value.shape[3]
+    factor = scale if scale is not None else 1.0 / math.sqrt(dim)
+    q = query.reshape(batch * heads, length, dim)
+    k = key.reshape(batch * heads, keys, dim).transpose(1, 2)
+    scores = torch.bmm(q, k).view(batch, heads, length, keys) * factor
+    if attn_mask is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:
+        bias = torch.where(attn_mask, 0.0, torch.finfo(query.dtype).min).to(query.dtype)
+        keep = attn_mask.any(dim=-1, keepdim=True).to(query.dtype)
+        weights = torch.softmax(scores + bias, dim=-1) * keep
+    probabilities = weights.reshape(batch * heads, length, keys)
+    out = torch.bmm(probabilities, value.reshape(batch * heads, keys, value_dim)).view(batch, heads, length, value_dim)
+    # torch's CPU kernel (flash attention, chosen for these inputs) returns (B, H, L, Ev) laid out as
+    # (B, L, H, Ev); the traced graph may view the transposed output on that layout
+    return out.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def layer_norm_for_xnnpack(
+    input: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> Any:
+    """``native_layer_norm`` of a 3-D float32 ``input (B, S, H)`` over its last axis: ``(output, mean, rstd)``
+    with ``mean`` and ``rstd`` of shape ``(B, S, 1)``; ``NotImplemented`` otherwise."""
+    if len(normalized_shape) != 1 or input.dim() != 3 or input.dtype != torch.float32 or _symbolic(input):
+        return NotImplemented
+    wide = input.unsqueeze(-1)  # (B, S, H, 1): XNNPACK's mean.dim averages the two innermost axes of 4-D
+    mean = wide.mean(dim=[2, 3], keepdim=True)
+    centred = wide - mean
+    variance = (centred * centred).mean(dim=[2, 3], keepdim=True)
+    rstd = torch.rsqrt(variance + eps)
+    out = (centred * rstd).view(input.shape)  # a static view XNNPACK claims (squeeze_copy it does not)
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out, mean.squeeze(-1), rstd.squeeze(-1)
+
+
+def select_for_xnnpack(input: torch.Tensor, dim: int, index: int) -> Any:
+    """``select`` of a static float32 tensor as ``slice_copy`` and a static ``view``, both of which XNNPACK
+    claims (``select_copy`` it does not: BERT's pooler reads the first token with ``[:, 0]``)."""
+    if input.dtype != torch.float32 or _symbolic(input) or not isinstance(index, int) or input.dim() < 2:
+        return NotImplemented
+    axis = dim % input.dim()
+    start = index % input.shape[axis]
+    shape = [size for i, size in enumerate(input.shape) if i != axis]
+    return torch.ops.aten.slice.Tensor(input, axis, start, start + 1).view(shape)
+
+
+@register_patch("executorch.xnnpack", "executorch.exir.program._program._default_decomposition_table", stage="Stage 3: ExecuTorch patches")
+def _patch_xnnpack_attention_and_layer_norm_decompositions(original: Any) -> Any:
+    """Add :func:`attention_for_xnnpack`, :func:`layer_norm_for_xnnpack` and :func:`select_for_xnnpack` to the decomposition table
+    ExecuTorch's lowering uses (see the module docstring for the pattern, models and upstream reports).
+
+    Remove when: XNNPACK's partitioner claims ``native_layer_norm`` and the ops of torch's SDPA decomposition.
+    """
+
+    def table(*args: Any, **kwargs: Any) -> Any:
+        decompositions = dict(original(*args, **kwargs))
+        decompositions[_SDPA] = attention_for_xnnpack
+        decompositions[_LAYER_NORM] = layer_norm_for_xnnpack
+        decompositions[_SELECT] = select_for_xnnpack
+        return decompositions
+
+    return table
