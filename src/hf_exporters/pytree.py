@@ -4,9 +4,27 @@
 ``ModelOutput`` classes itself; its ``Cache`` classes are not registered. :func:`register_model_pytrees`
 registers every ``Cache`` subclass, every class named ``*Cache`` in the model's module, and every
 ``ModelOutput`` or cache met in the inputs, with one generic flatten: tensors found in the object's
-attributes (recursively through lists, tuples, dicts and nested objects) become the leaves, and
-everything else (ints, bools, dtypes, devices, classes) is kept in a JSON context, so
-``torch.export.save`` / ``load`` can write and rebuild the tree.
+attributes (recursively through lists, tuples, dicts and nested objects, cache layers included) become
+the leaves, and everything else (ints, bools, dtypes, devices, classes) is kept in the context.
+
+The context is a tree of plain tuples (tags, constants, class objects, dtypes, devices): hashable,
+compared by value in the program's input and output specs, and built without ``json``, so Dynamo can
+trace the flatten (``strict=True`` exports). ``torch.export.save`` writes it as JSON through the
+registration's ``to_dumpable_context`` hook and ``load`` reads it back (contexts written as JSON by
+earlier versions of this module load too).
+
+Two kinds of ints are not kept in the context: under a dynamic trace they are symbolic (a ``SymInt``
+cannot be a constant of the spec, and a constant would pin the size):
+
+* a running length of a layer (:data:`LENGTH_ATTRIBUTES`: a sliding-window layer's
+  ``cumulative_length``, a compressor's ``entry_count``, ...) is carried as a tensor leaf holding no
+  data, an empty int64 tensor of shape ``(length, 0)``, and read back from the leaf's first size on
+  unflatten. A size is what ``torch.export`` keeps symbolic and guards on: a cache taken as an input
+  gives its layers a Python int (static export) or a size symbol (dynamic), so a layer that branches
+  on its length (a sliding-window layer's mask sizes) traces as it does on any input size, and a
+  program returning the cache returns the length as that leaf's size;
+* an int equal to a size of a tensor beside it (:data:`SIZE_ATTRIBUTES`: a static layer's
+  ``batch_size``, ``num_heads``, head sizes) is not carried at all: unflatten reads it from the tensor.
 
 Extension point: :func:`register_pytree_type` registers any other class with the same generic
 flatten, for a type reflection cannot reach (a container defined outside transformers).
@@ -18,12 +36,56 @@ import enum
 import importlib
 import inspect
 import json
+import threading
+import weakref
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["register_model_pytrees", "register_pytree_type", "flatten_object", "unflatten_object"]
+__all__ = [
+    "LENGTH_ATTRIBUTES",
+    "SIZE_ATTRIBUTES",
+    "dump_context",
+    "flatten_object",
+    "load_context",
+    "register_model_pytrees",
+    "register_pytree_type",
+    "unflatten_object",
+]
+
+#: Attributes holding a running length (tokens or entries seen so far), carried as the first size of an
+#: empty ``(length, 0)`` int64 tensor leaf: an int under one of these names, or each int of a dict or
+#: list under one of these names.
+LENGTH_ATTRIBUTES = frozenset(
+    {
+        "cumulative_length",  # DynamicSlidingWindowLayer (chunked attention too), BaseQuantizedLayer; a tensor in StaticLayer
+        "cumulative_length_int",  # StaticSlidingWindowLayer
+        "prefill_length",  # UnlimitedOcr reference sliding-window layers (None until the first update)
+        "prefill_cumulative_length",
+        "entry_count",  # DeepseekV4 compressor layers: {entry name: compressed entries emitted}
+    }
+)
+
+#: Attributes equal to a size of a tensor attribute of the same object, ``name -> (tensor attribute,
+#: dim)``; read from that tensor on unflatten (StaticLayer and its subclasses set them at allocation).
+SIZE_ATTRIBUTES = {
+    "batch_size": ("keys", 0),
+    "num_heads": ("keys", 1),
+    "k_head_dim": ("keys", -1),
+    "v_head_dim": ("values", -1),
+}
+
+# Context tags. A context is a tuple whose first item is one of these:
+_TENSOR = ("T",)  # the next leaf
+_LENGTH = ("N",)  # the next leaf, an empty (length, 0) tensor standing for the int length
+# ("=", constant)                      None, bool, int, float or str
+# ("dtype", torch.dtype) / ("device", torch.device) / ("type", class) / ("enum", member)
+# ("list", (ctx, ...)) / ("tuple", (ctx, ...))
+# ("dict", ((key, ctx), ...))           keys: str, int, bool or None
+# ("obj", class, ((attribute, ctx), ...))
+# ("size", tensor attribute, dim)       an int read from a tensor attribute of the enclosing object
+_FORMAT = "hf_exporters.pytree/2"
 
 
 def _type_path(cls: type) -> str:
@@ -38,74 +100,230 @@ def _type_from_path(path: str) -> type:
     return obj
 
 
-def _encode(value: Any, leaves: list[torch.Tensor]) -> Any:
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
+
+
+# The length leaves handed out for an object outside a trace, ``owner -> {key: leaf}``: flattening
+# the same object twice gives the same leaf while its length is unchanged. torch.export flattens its
+# inputs more than once and matches ``dynamic_shapes`` to the leaves by identity: a new leaf at each
+# flatten would leave the length static.
+_length_leaves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_length_leaves_lock = threading.Lock()
+
+
+def _length_leaf(value: Any, owner: Any, key: tuple) -> torch.Tensor:
+    """A running length as a leaf: an empty int64 tensor of shape ``(value, 0)`` (traced as a graph
+    value of symbolic size when ``value`` is symbolic)."""
+    if type(value) is not int or torch.compiler.is_compiling():  # symbolic, or inside a trace (Dynamo or torch.export)
+        return torch.empty((value, 0), dtype=torch.int64)
+    with _length_leaves_lock:
+        try:
+            known = _length_leaves.setdefault(owner, {})
+        except TypeError:  # an object that cannot be weakly referenced or hashed: a new leaf each time
+            return torch.empty((value, 0), dtype=torch.int64)
+        leaf = known.get(key)
+        if leaf is None or leaf.shape[0] != value:
+            leaf = known[key] = torch.empty((value, 0), dtype=torch.int64)
+        return leaf
+
+
+def _length_value(leaf: Any) -> Any:
+    """The length a leaf stands for: its first size (a Python int, or a size symbol in a trace), or
+    ``leaf`` itself when it is already an int."""
+    return leaf.shape[0] if isinstance(leaf, torch.Tensor) else leaf
+
+
+def _constant(value: Any, where: str) -> Any:
+    """The constant a symbolic scalar has been specialised to; a symbolic one cannot be in a context."""
+    node = value.node
+    if isinstance(value, torch.SymBool):
+        constant = node.maybe_as_bool()
+    elif isinstance(value, torch.SymFloat):
+        constant = node.maybe_as_float()
+    else:
+        constant = node.maybe_as_int()
+    if constant is None:
+        raise TypeError(
+            f"cannot flatten the symbolic {type(value).__name__} {value} at {where} of a pytree-registered object: "
+            "a running length belongs in hf_exporters.pytree.LENGTH_ATTRIBUTES, a tensor size in SIZE_ATTRIBUTES"
+        )
+    return constant
+
+
+def _same_size(value: Any, size: Any) -> bool:
+    if isinstance(value, int) and isinstance(size, int):
+        return value == size
+    return True  # symbolic: the layer set one from the other (an equality test would add a guard)
+
+
+def _encode(value: Any, leaves: list[torch.Tensor], where: str, length: tuple | None = None) -> tuple:
+    """The context of ``value``, its tensors appended to ``leaves``. ``length`` is ``(owner, key)``
+    when ``value`` sits under a running-length attribute of ``owner``."""
     if isinstance(value, torch.Tensor):
         leaves.append(value)
-        return {"t": "leaf"}
+        return _TENSOR
+    if length is not None and _is_int(value):
+        leaves.append(_length_leaf(value, *length))
+        return _LENGTH
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        value = _constant(value, where)
     if isinstance(value, enum.Enum):
-        return {"t": "enum", "c": _type_path(type(value)), "v": value.value}
+        return ("enum", value)
     if value is None or isinstance(value, (bool, int, float, str)):
-        return {"t": "lit", "v": value}
+        return ("=", value)
     if isinstance(value, torch.dtype):
-        return {"t": "dtype", "v": str(value).removeprefix("torch.")}
+        return ("dtype", value)
     if isinstance(value, torch.device):
-        return {"t": "device", "v": str(value)}
+        return ("device", value)
     if isinstance(value, type):
-        return {"t": "type", "v": _type_path(value)}
+        return ("type", value)
     if type(value) in (list, tuple):
-        return {"t": type(value).__name__, "v": [_encode(v, leaves) for v in value]}
-    if type(value) is dict and all(isinstance(k, str) for k in value):
-        return {"t": "dict", "v": [[k, _encode(v, leaves)] for k, v in value.items()]}
+        items = tuple(
+            _encode(v, leaves, f"{where}[{i}]", None if length is None else (length[0], (*length[1], i)))
+            for i, v in enumerate(value)
+        )
+        return (type(value).__name__, items)
+    if type(value) is dict and all(k is None or type(k) in (str, int, bool) for k in value):
+        items = tuple(
+            (k, _encode(v, leaves, f"{where}[{k!r}]", None if length is None else (length[0], (*length[1], k))))
+            for k, v in value.items()
+        )
+        return ("dict", items)
     if hasattr(value, "__dict__") and not callable(value):
-        return {"t": "obj", "c": _type_path(type(value)), "v": [[k, _encode(v, leaves)] for k, v in vars(value).items()]}
-    raise TypeError(f"cannot flatten a {type(value).__qualname__} found inside a pytree-registered object")
+        return _encode_object(value, leaves, where)
+    raise TypeError(f"cannot flatten a {type(value).__qualname__} found inside a pytree-registered object (at {where})")
 
 
-def _decode(ctx: Any, leaves: list[Any], pos: list[int]) -> Any:
-    kind = ctx["t"]
-    if kind == "leaf":
+def _encode_object(obj: Any, leaves: list[torch.Tensor], where: str) -> tuple:
+    state = obj.__dict__
+    fields = []
+    for name, value in state.items():
+        rule = SIZE_ATTRIBUTES.get(name)
+        if rule is not None and _is_int(value):
+            source = state.get(rule[0])
+            if isinstance(source, torch.Tensor) and source.dim() > 0 and _same_size(value, source.shape[rule[1]]):
+                fields.append((name, ("size", rule[0], rule[1])))
+                continue
+        length = (obj, (name,)) if name in LENGTH_ATTRIBUTES else None
+        fields.append((name, _encode(value, leaves, f"{where}.{name}", length)))
+    return ("obj", type(obj), tuple(fields))
+
+
+def _decode(ctx: tuple, leaves: list[Any], pos: list[int]) -> Any:
+    tag = ctx[0]
+    if tag == "T" or tag == "N":
         value = leaves[pos[0]]
         pos[0] += 1
-        return value
-    if kind == "lit":
-        return ctx["v"]
-    if kind == "enum":
-        return _type_from_path(ctx["c"])(ctx["v"])
-    if kind == "dtype":
-        return getattr(torch, ctx["v"])
-    if kind == "device":
-        return torch.device(ctx["v"])
-    if kind == "type":
-        return _type_from_path(ctx["v"])
-    if kind in ("list", "tuple"):
-        items = [_decode(c, leaves, pos) for c in ctx["v"]]
-        return items if kind == "list" else tuple(items)
-    if kind == "dict":
-        return {k: _decode(c, leaves, pos) for k, c in ctx["v"]}
-    if kind == "obj":
-        cls = _type_from_path(ctx["c"])
+        return value if tag == "T" else _length_value(value)
+    if tag in ("=", "dtype", "device", "type", "enum"):
+        return ctx[1]
+    if tag == "list":
+        return [_decode(c, leaves, pos) for c in ctx[1]]
+    if tag == "tuple":
+        return tuple(_decode(c, leaves, pos) for c in ctx[1])
+    if tag == "dict":
+        return {k: _decode(c, leaves, pos) for k, c in ctx[1]}
+    if tag == "obj":
+        cls = ctx[1]
         instance = cls.__new__(cls)
-        for k, c in ctx["v"]:
-            instance.__dict__[k] = _decode(c, leaves, pos)
+        state = instance.__dict__
+        sized = []
+        for name, c in ctx[2]:
+            if c[0] == "size":
+                state[name] = None  # keeps the attribute order, so a second flatten gives the same context
+                sized.append((name, c[1], c[2]))
+            else:
+                state[name] = _decode(c, leaves, pos)
+        for name, source, dim in sized:
+            state[name] = state[source].shape[dim]
         return instance
-    raise ValueError(f"unknown pytree context tag {kind!r}")
+    raise ValueError(f"unknown pytree context tag {tag!r}")
 
 
-def flatten_object(obj: Any) -> tuple[list[torch.Tensor], str]:
-    """Tensors held by ``obj`` (depth first, attribute order) and a JSON context for everything else."""
+def flatten_object(obj: Any) -> tuple[list[torch.Tensor], tuple]:
+    """Tensors held by ``obj`` (depth first, attribute order; a running length as an empty ``(length, 0)`` tensor)
+    and a context of plain tuples for everything else."""
     leaves: list[torch.Tensor] = []
-    state = [[k, _encode(v, leaves)] for k, v in vars(obj).items()]
-    return leaves, json.dumps({"c": _type_path(type(obj)), "v": state})
+    context = _encode_object(obj, leaves, type(obj).__name__)
+    return leaves, context
 
 
-def unflatten_object(leaves: Any, context: str) -> Any:
+def unflatten_object(leaves: Any, context: tuple) -> Any:
     """Rebuild the object :func:`flatten_object` flattened, with ``leaves`` in place of its tensors."""
-    return _decode({"t": "obj", **json.loads(context)}, list(leaves), [0])
+    return _decode(context, list(leaves), [0])
 
 
 def _flatten_with_keys(obj: Any):
     leaves, context = flatten_object(obj)
     return [(pytree.SequenceKey(i), leaf) for i, leaf in enumerate(leaves)], context
+
+
+def _dumpable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_dumpable(v) for v in value]
+    if isinstance(value, type):
+        return {"class": _type_path(value)}
+    if isinstance(value, enum.Enum):
+        return {"enum": _type_path(type(value)), "name": value.name}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    return value
+
+
+def _undumpable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_undumpable(v) for v in value)
+    if isinstance(value, dict):
+        if "class" in value:
+            return _type_from_path(value["class"])
+        if "enum" in value:
+            return _type_from_path(value["enum"])[value["name"]]
+        if "dtype" in value:
+            return getattr(torch, value["dtype"])
+        if "device" in value:
+            return torch.device(value["device"])
+        raise ValueError(f"unknown entry {value!r} in a saved pytree context")
+    return value
+
+
+def _from_legacy(enc: dict) -> tuple:
+    """A context as JSON-encoded by the first version of this module (``{"t": tag, ...}``)."""
+    kind = enc["t"]
+    if kind == "leaf":
+        return _TENSOR
+    if kind == "lit":
+        return ("=", enc["v"])
+    if kind == "enum":
+        return ("enum", _type_from_path(enc["c"])(enc["v"]))
+    if kind == "dtype":
+        return ("dtype", getattr(torch, enc["v"]))
+    if kind == "device":
+        return ("device", torch.device(enc["v"]))
+    if kind == "type":
+        return ("type", _type_from_path(enc["v"]))
+    if kind in ("list", "tuple"):
+        return (kind, tuple(_from_legacy(c) for c in enc["v"]))
+    if kind == "dict":
+        return ("dict", tuple((k, _from_legacy(c)) for k, c in enc["v"]))
+    if kind == "obj":
+        return ("obj", _type_from_path(enc["c"]), tuple((k, _from_legacy(c)) for k, c in enc["v"]))
+    raise ValueError(f"unknown pytree context tag {kind!r}")
+
+
+def dump_context(context: tuple) -> str:
+    """``to_dumpable_context`` of the generic registration: the context as JSON (classes by import path)."""
+    return json.dumps({"format": _FORMAT, "context": _dumpable(context)})
+
+
+def load_context(dumped: str) -> tuple:
+    """``from_dumpable_context``: the context :func:`dump_context` wrote (or a first-version JSON context)."""
+    data = json.loads(dumped)
+    if isinstance(data, dict) and data.get("format") == _FORMAT:
+        return _undumpable(data["context"])
+    return _from_legacy({"t": "obj", **data})
 
 
 def register_pytree_type(cls: type) -> bool:
@@ -116,15 +334,12 @@ def register_pytree_type(cls: type) -> bool:
     if issubclass(cls, dict):  # a ModelOutput transformers did not register: its fields are its items
         pytree.register_pytree_node(
             cls,
-            lambda out: (list(out.values()), json.dumps(list(out.keys()))),
-            lambda values, ctx: cls(**dict(zip(json.loads(ctx), values))),
+            lambda out: (list(out.values()), tuple(out.keys())),
+            lambda values, keys: cls(**dict(zip(keys, values))),
             serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
-            flatten_with_keys_fn=lambda out: (
-                [(pytree.MappingKey(k), v) for k, v in out.items()],
-                json.dumps(list(out.keys())),
-            ),
-            to_dumpable_context=lambda ctx: ctx,
-            from_dumpable_context=lambda ctx: ctx,
+            flatten_with_keys_fn=lambda out: ([(pytree.MappingKey(k), v) for k, v in out.items()], tuple(out.keys())),
+            to_dumpable_context=lambda keys: json.dumps(list(keys)),
+            from_dumpable_context=lambda dumped: tuple(json.loads(dumped)),
         )
         return True
     pytree.register_pytree_node(
@@ -133,8 +348,8 @@ def register_pytree_type(cls: type) -> bool:
         unflatten_object,
         serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
         flatten_with_keys_fn=_flatten_with_keys,
-        to_dumpable_context=lambda ctx: ctx,
-        from_dumpable_context=lambda ctx: ctx,
+        to_dumpable_context=dump_context,
+        from_dumpable_context=load_context,
     )
     return True
 
