@@ -66,3 +66,11 @@ def test_workaround_names_follow_the_prefixes():
 
 def test_every_workaround_is_applied_by_a_stage():
     assert [w.name for w in _all_workarounds() if w.stage.startswith("unused")] == []
+
+
+def test_every_workaround_module_says_which_pattern_it_handles():
+    import importlib
+
+    modules = {w.func.__module__ for w in _all_workarounds() if w.func.__module__.startswith("hf_exporters.workarounds.")}
+    undocumented = sorted(m for m in modules if len((importlib.import_module(m).__doc__ or "").split()) < 10)
+    assert undocumented == []

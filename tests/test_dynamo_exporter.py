@@ -210,7 +210,7 @@ def _qwen2_vl_vision_tower():
 
 
 def test_varlen_vision_attention_exports_as_one_block_diagonal_call(tmp_path):
-    from hf_exporters.workarounds.dynamo.model_patches import _block_diagonal_sdpa
+    from hf_exporters.workarounds.dynamo.attention import _block_diagonal_sdpa
 
     # the mask keeps each packed piece to itself: same numbers as one SDPA call per piece
     torch.manual_seed(0)
@@ -249,7 +249,7 @@ def test_varlen_patch_lists_every_split_per_piece_attention():
     import ast
     import pathlib
 
-    from hf_exporters.workarounds.dynamo.model_patches import _VARLEN_ATTENTION_FORWARDS
+    from hf_exporters.workarounds.dynamo.attention import _VARLEN_ATTENTION_FORWARDS
 
     found = set()
     for path in sorted((pathlib.Path(transformers.__file__).parent / "models").glob("*/modeling_*.py")):
@@ -357,12 +357,12 @@ def test_sdpa_with_sizes_read_from_data_takes_the_math_backend(tmp_path, monkeyp
     program records that kernel, so its decomposition (ONNX, ExecuTorch) needs no choice either."""
     from hf_exporters.sweep.inputs import build_inputs
     from hf_exporters.sweep.job import build_model
-    from hf_exporters.workarounds.dynamo import model_patches
+    from hf_exporters.workarounds.dynamo import attention
 
     model = build_model("Sam3LiteTextModel")
     inputs = build_inputs(model)
     with monkeypatch.context() as patched:
-        patched.setattr(model_patches, "_has_data_dependent_sizes", lambda *tensors: False)
+        patched.setattr(attention, "_has_data_dependent_sizes", lambda *tensors: False)
         with pytest.raises(ExportStageError, match=r"Could not guard on data-dependent expression Eq\(u0\*u1, 4\)"):
             DynamoExporter().export(model, inputs)
     exporter = DynamoExporter()
@@ -418,7 +418,7 @@ def test_window_index_by_sort_equals_transformers():
 
     from transformers.vision_utils import get_vision_window_index
 
-    from hf_exporters.workarounds.dynamo.model_patches import _window_index_by_sort
+    from hf_exporters.workarounds.dynamo.vision import _window_index_by_sort
 
     cases = [((2, 112, 14), [(1, 2, 2), (2, 4, 6), (1, 8, 8), (3, 6, 2), (1, 14, 10)]), ((1, 4, 1), [(1, 3, 5), (1, 4, 4), (2, 7, 3)])]
     for (merge, window, patch), grids in cases:
@@ -435,7 +435,7 @@ def test_pixel_shuffle_index_equals_transformers():
 
     from transformers.models.muse_spark.modeling_muse_spark import get_vision_pixel_shuffle_index
 
-    from hf_exporters.workarounds.dynamo.model_patches import _pixel_shuffle_index
+    from hf_exporters.workarounds.dynamo.vision import _pixel_shuffle_index
 
     for merge, grids in ((1, [(1, 3, 5), (2, 2, 2)]), (2, [(1, 4, 4), (2, 4, 6), (3, 2, 4), (1, 6, 2)])):
         for count in (1, 2):
@@ -474,7 +474,7 @@ class _KeptTokensAttention(torch.nn.Module):
     within its segment: a boolean mask over a data-dependent length."""
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
-        from hf_exporters.workarounds.dynamo.model_patches import _export_safe_sdpa
+        from hf_exporters.workarounds.dynamo.attention import _export_safe_sdpa
 
         tokens, kept_segments = x[keep], segments[keep]
         mask = (kept_segments[:, None] == kept_segments[None, :])[None, None]
@@ -543,7 +543,7 @@ def test_audio_window_cu_seqlens_equal_transformers():
     empty sample, several chunks per sample."""
     from transformers.models.qwen3_asr import modeling_qwen3_asr
 
-    from hf_exporters.workarounds.dynamo.model_patches import _patch_audio_window_cu_seqlens_symbolic
+    from hf_exporters.workarounds.dynamo.audio import _patch_audio_window_cu_seqlens_symbolic
 
     original = modeling_qwen3_asr.get_audio_cu_seqlens
     patched = _patch_audio_window_cu_seqlens_symbolic(original)
@@ -1002,7 +1002,7 @@ def test_funnel_positions_pool_like_the_lists():
     from transformers.models.funnel.modeling_funnel import FunnelAttentionStructure
 
     from hf_exporters.registry import apply_patches
-    from hf_exporters.workarounds.dynamo.model_patches import _Positions
+    from hf_exporters.workarounds.dynamo.positions import _Positions
 
     def as_list(p):
         return list(p.prefix) + [p.start + i * p.step for i in range(p.count)]
@@ -1240,7 +1240,7 @@ def test_fastspeech2_length_regulator_gives_a_data_dependent_frame_count(tmp_pat
 
     from hf_exporters.sweep.inputs import build_inputs
     from hf_exporters.sweep.job import build_model
-    from hf_exporters.workarounds.dynamo.model_patches import _patch_fastspeech2_length_regulator_gathered
+    from hf_exporters.workarounds.dynamo.audio import _patch_fastspeech2_length_regulator_gathered
 
     patches = ("_patch_fastspeech2_length_regulator_gathered", "_patch_fastspeech2_relative_table_bounded", "_patch_relative_shift_gathered")
     regulator = _patch_fastspeech2_length_regulator_gathered(fs2.length_regulator)
@@ -1280,7 +1280,7 @@ def test_kimi_vision_indices_keep_the_grid_symbolic(tmp_path):
 
     from hf_exporters.sweep.inputs import build_inputs
     from hf_exporters.sweep.job import build_model
-    from hf_exporters.workarounds.dynamo.model_patches import _patch_kimi_frame_index_symbolic, _patch_kimi_temporal_merge_index_symbolic
+    from hf_exporters.workarounds.dynamo.vision import _patch_kimi_frame_index_symbolic, _patch_kimi_temporal_merge_index_symbolic
 
     frame_index = _patch_kimi_frame_index_symbolic(kimi.get_vision_frame_index)
     merge_index = _patch_kimi_temporal_merge_index_symbolic(kimi.get_vision_temporal_merge_index)
@@ -1314,7 +1314,7 @@ def test_vision_position_ids_and_videollama3_downsampling_for_any_image_count(tm
 
     from hf_exporters.sweep.inputs import build_inputs
     from hf_exporters.sweep.job import build_model
-    from hf_exporters.workarounds.dynamo.model_patches import _patch_videollama3_pixel_unshuffle_gathered, _patch_vision_position_ids_symbolic
+    from hf_exporters.workarounds.dynamo.vision import _patch_videollama3_pixel_unshuffle_gathered, _patch_vision_position_ids_symbolic
 
     position_ids = _patch_vision_position_ids_symbolic(vision_utils.get_vision_position_ids)
     unshuffle = _patch_videollama3_pixel_unshuffle_gathered(vl3.VideoLlama3VisionModel.pixel_unshuffle)

@@ -659,7 +659,7 @@ class _GatedRecurrence(torch.nn.Module):
     RG-LRU and RWKV replacements do): a carry and a stacked per-step output with a symbolic batch."""
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # (batch, length, width)
-        from hf_exporters.workarounds.dynamo.model_patches import _linear_recurrence
+        from hf_exporters.workarounds.dynamo.recurrences import _linear_recurrence
 
         state = torch.zeros(x.shape[0], x.shape[2], dtype=x.dtype)
         last, states = _linear_recurrence(torch.sigmoid(x).transpose(0, 1), x.transpose(0, 1), state)
@@ -842,7 +842,7 @@ def test_cummax_and_cummin_export_for_executorch(tmp_path):
 
 @pytest.mark.parametrize("shape", [(2, 8, 16), (1, 13, 7), (3, 128, 32)])
 def test_real_dft2_equals_the_real_part_of_fftn(shape):
-    from hf_exporters.workarounds.executorch.torch_patches import _real_dft2
+    from hf_exporters.workarounds.executorch.complex_numbers import _real_dft2
 
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(shape[1]))
     expected = torch.fft.fftn(x, dim=(1, 2)).real

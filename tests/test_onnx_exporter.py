@@ -307,7 +307,7 @@ class _VmapMask(torch.nn.Module):
 def test_vmap_mask_expansion_by_broadcast(tmp_path: Path) -> None:
     from transformers import masking_utils
 
-    from hf_exporters.workarounds.dynamo.model_patches import _patch_mask_expansion_by_broadcast
+    from hf_exporters.workarounds.dynamo.masks import _patch_mask_expansion_by_broadcast
 
     padding = torch.tensor([[True, True, True, False], [True, True, False, False]])
     inputs = {"x": torch.randn(2, 1, 4, 4), "padding": padding}

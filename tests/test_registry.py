@@ -296,3 +296,55 @@ def test_fx_program_fix_gets_the_program(clean_registry):
     register_fx_program_fix("t.prog")(lambda ep: got.append(ep))
     assert apply_fx_program_fixes("t.prog", program) == 1
     assert got == [program]
+
+
+# ── Stages ───────────────────────────────────────────────────────────────────
+
+
+@pytest.fixture
+def two_patch_stages(monkeypatch):
+    """A backend ``t2`` whose exporter applies patches in two stages."""
+    monkeypatch.setitem(registry.STAGES, "t2", {"Stage 1: Early": ("patch",), "Stage 2: Late": ("patch",)})
+
+
+def test_a_patch_carries_the_stage_it_is_registered_for(clean_registry, two_patch_stages):
+    register_patch("t2.scope", f"{T}.greet", stage="Stage 1: Early")(lambda orig: lambda name: "early")
+    register_patch("t2", f"{T}.shout", stage="Stage 2: Late")(lambda orig: lambda name: "late")
+    assert [(w.target, w.stage) for w in registry.list_workarounds("t2.scope")] == [
+        (f"{T}.greet", "Stage 1: Early"),
+        (f"{T}.shout", "Stage 2: Late"),
+    ]
+    assert [w.target for w in registry.list_workarounds("t2.scope", stage="Stage 2: Late")] == [f"{T}.shout"]
+    with apply_patches("t2.scope", stage="Stage 1: Early") as installed:
+        assert installed == [f"{T}.greet"]
+        assert targets.greet("a") == "early" and targets.shout("a") == "HEY a"
+    with apply_patches("t2.scope", stage="Stage 2: Late") as installed:
+        assert installed == [f"{T}.shout"]
+    with apply_patches("t2.scope") as installed:  # no stage: every one
+        assert installed == [f"{T}.greet", f"{T}.shout"]
+
+
+def test_a_stage_is_required_where_the_backend_has_several(clean_registry, two_patch_stages):
+    with pytest.raises(ValueError, match=re.escape("backend 't2' applies a patch in 2 stages ('Stage 1: Early', 'Stage 2: Late'); pass stage=")):
+        register_patch("t2", f"{T}.greet")
+    with pytest.raises(ValueError, match=re.escape("'Stage 3: Typo' is not a stage of backend 't2' that applies a patch")):
+        register_patch("t2", f"{T}.greet", stage="Stage 3: Typo")
+    with pytest.raises(ValueError, match=re.escape("backend 't2' has no stage 'Stage 3: Typo'")):
+        with apply_patches("t2", stage="Stage 3: Typo"):
+            pass
+    assert [w for w in registry.list_workarounds() if w.backend == "t2"] == []
+
+
+def test_the_one_stage_of_a_kind_is_the_default(clean_registry):
+    register_patch("dynamo", f"{T}.greet")(lambda orig: orig)
+    register_fx_node_fix("onnx")(lambda gm, node: False)
+    register_fx_node_fix("executorch.xnnpack")(lambda gm, node: False)
+    dynamo_patch, onnx_fix, executorch_fix = registry._REGISTRY[-3:]
+    assert dynamo_patch.stage == "Stage 2: Model patches"
+    assert onnx_fix.stage == "Stage 3: FX node fixes"
+    assert executorch_fix.stage == "Stage 5: FX node fixes"
+    with pytest.raises(ValueError, match=re.escape("backend 'onnx' applies a patch in 2 stages")):
+        register_patch("onnx", f"{T}.greet")
+    with pytest.raises(ValueError, match=re.escape("backend 'dynamo' applies a fx_node_fix in no stage")):
+        register_fx_node_fix("dynamo")(lambda gm, node: False)
+    assert registry.resolve_stage("patch", "t.own") == "unused (patch)"  # a scope no exporter applies

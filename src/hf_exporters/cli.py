@@ -173,9 +173,33 @@ def _export(
 @app.command()
 def patches(
     backend: Optional[str] = typer.Option(None, "--backend", "-b", help="Only this backend (and its parent scopes)."),
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        "-m",
+        metavar="CLASS",
+        help="Only the workarounds whose docstring's 'Models:' line names this model class (matching rule above).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """List every registered patch and fix: backend, stage, target, and the upstream report it works around."""
+    """List every registered patch and fix: backend, stage, target, and the upstream report it works around.
+
+    The stage is the exporter stage that applies the workaround, as declared
+    where the workaround is registered.
+
+    --model CLASS keeps the workarounds whose docstring's 'Models:' line (or
+    'Known to hit:') names the class. The line is cut into names at spaces
+    and punctuation; names compare without case and without '-', '_', '.'.
+    A name matches when it is CLASS; or CLASS's family, the class name
+    without its head (Model, LMHeadModel, For...): 'Bert' and 'BertModel'
+    match BertForMaskedLM, 'Qwen2.5-VL' matches
+    Qwen2_5_VLForConditionalGeneration; or a sub-model of that family, the
+    family followed by Vision, Text, Audio, Speech, Encoder or Decoder
+    (Kimi_K25VisionModel for Kimi_K25ForConditionalGeneration). A line that
+    starts with 'every', 'all' or 'any' (a workaround for every model, such
+    as the SDPA patch) matches every class. Other prose ('Qwen2.5/3-VL') is
+    not read.
+    """
     import hf_exporters  # noqa: F401  (registers the built-in workarounds)
 
     from .registry import list_workarounds
@@ -188,6 +212,9 @@ def patches(
     known_roots = {"dynamo", "onnx", "executorch"}
     if backend is not None and backend.split(".")[0] not in known_roots:
         _fail(f"unknown backend {backend!r}; choose one of: {', '.join(sorted(known_roots))}")
+    workarounds = list_workarounds(backend)
+    if model is not None:
+        workarounds = [w for w in workarounds if w.names_model(model)]
     rows = [
         {
             "backend": w.backend,
@@ -197,8 +224,9 @@ def patches(
             "name": w.name,
             "upstream": w.upstream or "",
             "remove_when": w.remove_when or "",
+            "models": w.models or "",
         }
-        for w in sorted(list_workarounds(backend), key=lambda w: (w.backend.split(".")[0], w.stage, w.backend))
+        for w in sorted(workarounds, key=lambda w: (w.backend.split(".")[0], w.stage, w.backend))
     ]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
@@ -206,11 +234,13 @@ def patches(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{len(rows)} workaround(s)" + (f" for {backend}" if backend else ""), show_lines=False)
-    for column in ("backend", "stage", "kind", "target", "upstream"):
+    title = f"{len(rows)} workaround(s)" + (f" for {backend}" if backend else "") + (f" naming {model}" if model else "")
+    table = Table(title=title, show_lines=False)
+    columns = ("backend", "stage", "kind", "target", "upstream") + (("models",) if model else ())
+    for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(row["backend"], row["stage"], row["kind"], row["target"], row["upstream"])
+        table.add_row(*(row[column] for column in columns))
     Console(width=200).print(table)
 
 

@@ -17,6 +17,12 @@ partitioners)``).
 Backends are dotted scopes: a patch registered for ``"executorch"`` is applied by
 ``apply_patches("executorch.xnnpack")`` too; one registered for ``"executorch.xnnpack"`` only there.
 
+Every workaround is applied in one exporter stage, declared when it is registered and kept on its
+:class:`Workaround` (``stage``): ``register_patch(..., stage="Stage 2: ONNX patches")``, or, where the
+backend's exporter applies that kind of workaround in one stage only, that stage. :data:`STAGES` lists
+the stages of each backend. ``hf-exporters patches`` shows that stage, and the exporters select what a
+stage applies by it (``apply_patches("onnx", stage="Stage 2: ONNX patches")``).
+
 Every workaround's docstring names the upstream report it works around (a line ``Upstream: ...``)
 and when it can go (a line ``Remove when: ...``); ``hf-exporters patches`` lists both, and a test
 refuses a workaround without them.
@@ -43,6 +49,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = [
+    "STAGES",
     "UnresolvedPatchWarning",
     "Workaround",
     "apply_fx_node_fixes",
@@ -50,6 +57,7 @@ __all__ = [
     "apply_patches",
     "export_lock",
     "list_workarounds",
+    "models_line_names",
     "register_executorch_backend",
     "register_fx_node_fix",
     "register_fx_program_fix",
@@ -57,11 +65,69 @@ __all__ = [
     "register_onnx_translation",
     "register_patch",
     "resolve_dotted_path",
+    "resolve_stage",
 ]
 
 
 class UnresolvedPatchWarning(UserWarning):
     """A registered patch path does not exist in the installed library versions; the patch is skipped."""
+
+
+#: The exporter stages that apply workarounds, by backend root, each with the kinds of workaround it
+#: applies. Titles are those of the exporters' ``# ── Stage N: Title ──`` blocks and of
+#: docs/extending.md; ``"load"`` is :func:`~hf_exporters.exporters.dynamo.load_exported_program`.
+STAGES: dict[str, dict[str, tuple[str, ...]]] = {
+    "dynamo": {
+        "Stage 2: Model patches": ("patch",),
+    },
+    "onnx": {
+        "Stage 1: Torch patches": ("patch",),
+        "Stage 2: ONNX patches": ("patch",),
+        "Stage 3: FX node fixes": ("fx_node_fix",),
+        "Stage 4: ONNX translations": ("onnx_translation",),
+        "Stage 5: ONNX IR fixes": ("onnx_ir_fix",),
+    },
+    "executorch": {
+        "Stage 1: Backend preparation": ("backend_prepare",),
+        "Stage 2: Torch patches": ("patch",),
+        "Stage 3: ExecuTorch patches": ("patch",),
+        "Stage 4: FX program fixes": ("fx_program_fix",),
+        "Stage 5: FX node fixes": ("fx_node_fix",),
+    },
+    "load": {
+        "Loading: torch.export.load": ("patch",),
+    },
+}
+
+
+def resolve_stage(kind: str, backend: str, stage: str | None = None) -> str:
+    """The stage that applies a workaround of ``kind`` registered for ``backend``: ``stage`` when
+    given, else the one stage of the backend's exporter that applies that kind (:data:`STAGES`).
+
+    A backend outside :data:`STAGES` (a test's own scope) takes ``stage`` as given, or
+    ``"unused (<kind>)"``: no exporter applies it.
+
+    Raises:
+        ValueError: ``stage`` is not a stage of the backend that applies ``kind``, or no ``stage`` is
+            given and the backend applies ``kind`` in several stages (or in none).
+    """
+    stages = STAGES.get(backend.split(".")[0])
+    if stages is None:
+        return stage if stage is not None else f"unused ({kind})"
+    applying = [title for title, kinds in stages.items() if kind in kinds]
+    if stage is not None:
+        if stage not in applying:
+            raise ValueError(
+                f"{stage!r} is not a stage of backend {backend!r} that applies a {kind}; its stages that do: "
+                + (", ".join(repr(t) for t in applying) or "none")
+            )
+        return stage
+    if len(applying) != 1:
+        raise ValueError(
+            f"backend {backend!r} applies a {kind} in "
+            + (f"{len(applying)} stages ({', '.join(repr(t) for t in applying)}); pass stage=" if applying else "no stage")
+        )
+    return applying[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +143,8 @@ class Workaround:
         func: the registered callable (a patch's factory, a fix, a translation).
         loaded_only: for a patch, install it only where the module its path starts in is already
             imported (a model method needs no patch while its modeling file was never loaded).
+        stage: the exporter stage that applies it, as titled in ``docs/extending.md``; declared at
+            registration (or the backend's one stage for this kind, see :func:`resolve_stage`).
     """
 
     kind: str
@@ -84,6 +152,10 @@ class Workaround:
     target: str
     func: Callable[..., Any]
     loaded_only: bool = False
+    stage: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stage", resolve_stage(self.kind, self.backend, self.stage))
 
     @property
     def name(self) -> str:
@@ -100,9 +172,61 @@ class Workaround:
         return _doc_field(self.func, "Remove when")
 
     @property
-    def stage(self) -> str:
-        """The exporter stage that applies this workaround, as titled in ``docs/extending.md``."""
-        return stage_of(self.kind, self.backend, self.target)
+    def models(self) -> str | None:
+        """The ``Models:`` line of the docstring (``Known to hit:`` in older ones): the model classes
+        known to need this workaround, or None."""
+        return _doc_field(self.func, "Models") or _doc_field(self.func, "Known to hit")
+
+    def names_model(self, model_class: str) -> bool:
+        """Whether the ``Models:`` line names ``model_class`` (see :func:`models_line_names`)."""
+        return models_line_names(self.models, model_class)
+
+
+#: a class name's head, cut off to get its family: ``BertForMaskedLM`` -> ``Bert``, ``GPT2LMHeadModel`` -> ``GPT2``
+_HEAD = re.compile(r"(For[A-Z]\w*|LMHeadModel|Model)$")
+#: what may follow a family's name in the name of one of its sub-models (``Qwen3VLVisionModel``)
+_PARTS = ("vision", "text", "audio", "speech", "encoder", "decoder")
+#: first words of a ``Models:`` line that is about every model (``every model exported with ...``)
+_UNIVERSAL = ("every", "all", "any")
+
+
+def _name_key(name: str) -> str:
+    """``name`` lowercased without ``-``, ``_``, ``.`` (``Qwen2.5-VL`` and ``Qwen2_5_VL`` -> ``qwen25vl``)."""
+    return re.sub(r"[^0-9a-z]", "", name.lower())
+
+
+def _family_key(name: str) -> str:
+    """The key of ``name`` without its head (``Qwen2_5_VLForConditionalGeneration`` -> ``qwen25vl``)."""
+    return _name_key(_HEAD.sub("", name) or name)
+
+
+def models_line_names(models: str | None, model_class: str) -> bool:
+    """Whether a docstring's ``Models:`` line (``models``) names the model class ``model_class``.
+
+    The line is cut into names at spaces, commas, semicolons, colons, slashes and parentheses
+    (backticks, a final ``.`` and a possessive ``'s`` dropped); names compare without case and
+    without ``-``, ``_`` and ``.``. A name matches when it is ``model_class``; or when it names the
+    class's family, the class name without its head (``Model``, ``LMHeadModel``, ``For...``): ``Bert``
+    or ``BertModel`` for ``BertForMaskedLM``, ``Qwen2.5-VL`` for ``Qwen2_5_VLForConditionalGeneration``;
+    or one of the family's sub-models, the family followed by ``Vision``, ``Text``, ``Audio``,
+    ``Speech``, ``Encoder`` or ``Decoder`` (``Kimi_K25VisionModel`` for
+    ``Kimi_K25ForConditionalGeneration``). A line whose first word is ``every``, ``all`` or ``any``
+    (``every model exported with dynamic=True``) names every class.
+    """
+    if not models:
+        return False
+    names = [re.sub(r"(\.|'s)+$", "", name) for name in re.split(r"[\s,;:/()]+", models.replace("`", "")) if name]
+    names = [name for name in names if name.strip("-.")]
+    if names and names[0].lower() in _UNIVERSAL:
+        return True
+    exact, family = _name_key(model_class), _family_key(model_class)
+    for name in names:
+        key, its_family = _name_key(name), _family_key(name)
+        if key == exact or (family and its_family == family):
+            return True
+        if family and its_family.startswith(family) and its_family[len(family) :].startswith(_PARTS):
+            return True
+    return False
 
 
 def _doc_field(func: Callable[..., Any], field: str) -> str | None:
@@ -120,33 +244,6 @@ def _doc_field(func: Callable[..., Any], field: str) -> str | None:
     return None
 
 
-def stage_of(kind: str, backend: str, target: str) -> str:
-    """The stage title (``"Stage N: ..."``) that applies a workaround of ``kind`` for ``backend``; for
-    the ``"load"`` scopes, the loader that applies it (``load.pt2``: ``load_exported_program``)."""
-    root = backend.split(".")[0]
-    if root == "dynamo":
-        return {"patch": "Stage 2: Model patches"}.get(kind, f"unused ({kind})")
-    if root == "onnx":
-        if kind == "patch":
-            return "Stage 2: ONNX patches" if target.startswith("torch.onnx.") else "Stage 1: Torch patches"
-        return {
-            "fx_node_fix": "Stage 3: FX node fixes",
-            "onnx_translation": "Stage 4: ONNX translations",
-            "onnx_ir_fix": "Stage 5: ONNX IR fixes",
-        }.get(kind, f"unused ({kind})")
-    if root == "executorch":
-        if kind == "patch":
-            return "Stage 3: ExecuTorch patches" if target.startswith("executorch.") else "Stage 2: Torch patches"
-        return {
-            "backend_prepare": "Stage 1: Backend preparation",
-            "fx_program_fix": "Stage 4: FX program fixes",
-            "fx_node_fix": "Stage 5: FX node fixes",
-        }.get(kind, f"unused ({kind})")
-    if root == "load":
-        return {"patch": "Loading: torch.export.load"}.get(kind, f"unused ({kind})")
-    return f"unused ({kind})"
-
-
 _REGISTRY: list[Workaround] = []
 _ONNX_TRANSLATIONS: dict[str, list[tuple[Any, Callable[..., Any]]]] = {}
 _BACKEND_PREPARE: dict[str, Callable[..., Any]] = {}
@@ -160,20 +257,31 @@ def _scopes(backend: str) -> list[str]:
     return [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def _select(kind: str, backend: str) -> list[Workaround]:
+def _check_stage(backend: str, stage: str | None) -> None:
+    """Refuse a ``stage`` that the backend's exporter does not have (a typo would select nothing)."""
+    stages = STAGES.get(backend.split(".")[0])
+    if stage is not None and stages is not None and stage not in stages:
+        raise ValueError(f"backend {backend!r} has no stage {stage!r}; its stages: {', '.join(repr(t) for t in stages)}")
+
+
+def _select(kind: str, backend: str, stage: str | None = None) -> list[Workaround]:
+    """The workarounds of ``kind`` registered for ``backend`` or a parent scope (and declared for
+    ``stage`` when given), in registration order: what an exporter applies."""
+    _check_stage(backend, stage)
     scopes = set(_scopes(backend))
-    return [w for w in _REGISTRY if w.kind == kind and w.backend in scopes]
+    return [w for w in _REGISTRY if w.kind == kind and w.backend in scopes and (stage is None or w.stage == stage)]
 
 
-def list_workarounds(backend: str | None = None) -> list[Workaround]:
-    """Every registered workaround (for ``backend`` and its parent scopes when given), in registration order.
+def list_workarounds(backend: str | None = None, stage: str | None = None) -> list[Workaround]:
+    """Every registered workaround (for ``backend`` and its parent scopes when given; declared for
+    ``stage`` when given), in registration order.
 
     Importing :mod:`hf_exporters` registers the built-in ones.
     """
-    if backend is None:
-        return list(_REGISTRY)
-    scopes = set(_scopes(backend))
-    return [w for w in _REGISTRY if w.backend in scopes]
+    if backend is not None:
+        _check_stage(backend, stage)
+    scopes = set(_scopes(backend)) if backend is not None else None
+    return [w for w in _REGISTRY if (scopes is None or w.backend in scopes) and (stage is None or w.stage == stage)]
 
 
 @contextlib.contextmanager
@@ -187,9 +295,13 @@ def export_lock() -> Iterator[None]:
 
 
 def register_patch(
-    backend: str, *dotted_paths: str, loaded_only: bool = False
+    backend: str, *dotted_paths: str, stage: str | None = None, loaded_only: bool = False
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``factory(original) -> replacement`` for every path in ``dotted_paths``.
+    """Register ``factory(original) -> replacement`` for every path in ``dotted_paths``, applied in
+    ``stage`` of the backend's exporter.
+
+    ``stage`` is a title of :data:`STAGES` (``"Stage 1: Torch patches"``, ``"Stage 2: ONNX patches"``);
+    it may be left out where the backend applies patches in one stage only (``dynamo``, ``load``).
 
     A path names a model class method (``transformers.models.bert.modeling_bert.BertModel.forward``),
     a module function (``transformers.masking_utils.sdpa_mask``) or a torch op (``torch.where``,
@@ -212,8 +324,10 @@ def register_patch(
     the attribute is passed over silently.
 
     Raises:
-        ValueError: no path given, a path without a dot, or a wildcard in the attribute.
+        ValueError: no path given, a path without a dot, a wildcard in the attribute, or a ``stage``
+            that is not one of the backend's patch stages (or none given where it has several).
     """
+    stage = resolve_stage("patch", backend, stage)
     if not dotted_paths:
         raise ValueError("register_patch needs at least one dotted path")
     for path in dotted_paths:
@@ -224,7 +338,7 @@ def register_patch(
 
     def decorator(factory: Callable[..., Any]) -> Callable[..., Any]:
         for path in dotted_paths:
-            _REGISTRY.append(Workaround("patch", backend, path, factory, loaded_only or "*" in path))
+            _REGISTRY.append(Workaround("patch", backend, path, factory, loaded_only or "*" in path, stage))
         return factory
 
     return decorator
@@ -321,21 +435,27 @@ def _install(path: str, factory: Callable[..., Any]) -> _Installed | None:
 
 
 @contextlib.contextmanager
-def apply_patches(backend: str, select: Callable[[str], bool] | None = None) -> Iterator[list[str]]:
-    """Install every patch registered for ``backend`` (and its parent scopes) while the block runs.
+def apply_patches(
+    backend: str, select: Callable[[str], bool] | None = None, *, stage: str | None = None
+) -> Iterator[list[str]]:
+    """Install every patch registered for ``backend`` (and its parent scopes) while the block runs;
+    with ``stage``, only those declared for that stage (an exporter applies each stage's patches in
+    that stage).
 
     Yields the list of installed paths. Originals are restored in reverse order when the block
     ends, raises, or is interrupted (``KeyboardInterrupt`` included). A path that does not resolve
     in the installed versions is skipped with one :class:`UnresolvedPatchWarning` naming it.
-    ``select``, when given, keeps only the paths for which it returns True (an exporter uses it to
-    apply torch-op patches and backend-internal patches at different stages).
+    ``select``, when given, keeps only the paths for which it returns True.
 
     Holds the process-wide :func:`export_lock` for the whole block.
+
+    Raises:
+        ValueError: ``stage`` is not a stage of the backend's exporter.
     """
     with _LOCK:
         installed: list[_Installed] = []
         try:
-            for workaround in _select("patch", backend):
+            for workaround in _select("patch", backend, stage):
                 if select is not None and not select(workaround.target):
                     continue
                 if "*" in workaround.target:
@@ -394,13 +514,14 @@ def _graph_modules(root: Any) -> list[Any]:
     return [m for m in root.modules() if isinstance(m, torch.fx.GraphModule)]
 
 
-def apply_fx_node_fixes(backend: str, graph_module: Any) -> int:
+def apply_fx_node_fixes(backend: str, graph_module: Any, stage: str | None = None) -> int:
     """Offer every ``call_function`` node of ``graph_module`` and its nested subgraphs to the fixes
-    registered for ``backend``, then eliminate dead code and recompile each graph.
+    registered for ``backend`` (declared for ``stage`` when given), then eliminate dead code and
+    recompile each graph.
 
     Returns the number of nodes a fix consumed.
     """
-    fixes = [w.func for w in _select("fx_node_fix", backend)]
+    fixes = [w.func for w in _select("fx_node_fix", backend, stage)]
     consumed = 0
     for gm in _graph_modules(graph_module):
         for node in list(gm.graph.nodes):
@@ -415,11 +536,12 @@ def apply_fx_node_fixes(backend: str, graph_module: Any) -> int:
     return consumed
 
 
-def apply_fx_program_fixes(backend: str, exported_program: Any) -> int:
-    """Run every program fix registered for ``backend`` on ``exported_program`` (in place).
+def apply_fx_program_fixes(backend: str, exported_program: Any, stage: str | None = None) -> int:
+    """Run every program fix registered for ``backend`` (declared for ``stage`` when given) on
+    ``exported_program`` (in place).
 
     Returns how many fixes ran."""
-    fixes = [w.func for w in _select("fx_program_fix", backend)]
+    fixes = [w.func for w in _select("fx_program_fix", backend, stage)]
     for fix in fixes:
         fix(exported_program)
     return len(fixes)
@@ -444,15 +566,16 @@ def register_onnx_translation(*aten_ops: str) -> Callable[[Callable[..., Any]], 
     return decorator
 
 
-def onnx_translation_table() -> dict[Any, Callable[..., Any] | list[Callable[..., Any]]]:
-    """torch.onnx's ``custom_translation_table``: ``{torch op overload: onnxscript function(s)}``.
+def onnx_translation_table(stage: str | None = None) -> dict[Any, Callable[..., Any] | list[Callable[..., Any]]]:
+    """torch.onnx's ``custom_translation_table``: ``{torch op overload: onnxscript function(s)}``, of
+    the translations declared for ``stage`` when given.
 
     Several functions for one op are passed as a list: torch.onnx dispatches on input types.
     """
     import torch
 
     table: dict[Any, list[Callable[..., Any]]] = {}
-    for workaround in _select("onnx_translation", "onnx"):
+    for workaround in _select("onnx_translation", "onnx", stage):
         namespace, _, rest = workaround.target.partition("::")
         name, _, overload = rest.partition(".")
         try:
@@ -473,9 +596,9 @@ def register_onnx_ir_fix(func: Callable[..., int]) -> Callable[..., int]:
     return func
 
 
-def onnx_ir_fixes() -> list[Callable[..., int]]:
-    """The registered ONNX IR fixes, in registration order."""
-    return [w.func for w in _select("onnx_ir_fix", "onnx")]
+def onnx_ir_fixes(stage: str | None = None) -> list[Callable[..., int]]:
+    """The registered ONNX IR fixes (declared for ``stage`` when given), in registration order."""
+    return [w.func for w in _select("onnx_ir_fix", "onnx", stage)]
 
 
 # ── ExecuTorch backend preparation ───────────────────────────────────────────

@@ -61,7 +61,7 @@ def load_exported_program(path: str | os.PathLike[str], model_class: str | None 
         if cls is not None:
             importlib.import_module(cls.__module__)
     register_model_pytrees(None)
-    with registry.apply_patches("load.pt2"):
+    with registry.apply_patches("load.pt2", stage="Loading: torch.export.load"):
         return torch.export.load(str(path))
 
 
@@ -88,7 +88,7 @@ class DynamoExporter:
     ``export()`` reads as five stages, each one context that stays open for the trace:
 
     1. Forward signature patch: ``model.forward`` takes the inputs' names explicitly.
-    2. Model patches: ``apply_patches("dynamo")``.
+    2. Model patches: the patches registered for ``"dynamo"`` (every one is declared for this stage).
     3. Pytree registration: caches and model outputs become pytree nodes.
     4. Dynamic shapes: ``Dim.AUTO`` on every tensor axis when ``config.dynamic``.
     5. State cleanup: attributes a forward caches on modules are cleared for the trace.
@@ -249,7 +249,7 @@ class DynamoExporter:
 
             # ── Stage 2: Model patches ──
             with stage(self.name, "Stage 2: Model patches"):
-                stack.enter_context(registry.apply_patches("dynamo"))
+                stack.enter_context(registry.apply_patches("dynamo", stage="Stage 2: Model patches"))
 
             # ── Stage 3: Pytree registration ──
             with stage(self.name, "Stage 3: Pytree registration"):

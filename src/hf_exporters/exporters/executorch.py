@@ -24,10 +24,6 @@ from .dynamo import DynamoExporter
 from ..runtime.et_runner import INPUT_MUTATIONS_METHOD
 
 
-def _is_executorch_internal(path: str) -> bool:
-    return path.startswith("executorch.")
-
-
 def _input_mutation_outputs(exported: torch.export.ExportedProgram) -> int:
     kind = torch.export.graph_signature.OutputKind.USER_INPUT_MUTATION
     return sum(spec.kind == kind for spec in exported.graph_signature.output_specs)
@@ -36,15 +32,16 @@ def _input_mutation_outputs(exported: torch.export.ExportedProgram) -> int:
 class ExecutorchExporter(DynamoExporter):
     """Export a model with ``torch.export``, lower it with ExecuTorch and serialise a ``.pte`` program.
 
-    ``export()`` reads as five stages around the parent's trace and ExecuTorch's lowering:
+    ``export()`` reads as five stages around the parent's trace and ExecuTorch's lowering; each applies
+    the workarounds registered for ``"executorch.<backend>"`` (or ``"executorch"``) with that stage
+    (``Workaround.stage``, declared at registration):
 
     1. Backend preparation: the registered ``prepare_for_<backend>(model, inputs)`` moves the model and
        inputs to the backend's device and dtype and picks its partitioners.
-    2. Torch patches: ``apply_patches("executorch.<backend>")`` for torch ops ExecuTorch rejects
-       (paths outside ``executorch.``), active during the trace.
-    3. ExecuTorch patches: the same registry's ``executorch.*`` paths, active during lowering.
-    4. FX program fixes: ``apply_fx_program_fixes("executorch.<backend>", ep)``.
-    5. FX node fixes: ``apply_fx_node_fixes("executorch.<backend>", ep.graph_module)``.
+    2. Torch patches: patches for torch ops (and model code) ExecuTorch rejects, active during the trace.
+    3. ExecuTorch patches: patches on ExecuTorch internals, active during lowering.
+    4. FX program fixes: ``apply_fx_program_fixes`` on the traced program.
+    5. FX node fixes: ``apply_fx_node_fixes`` on its graph.
 
     Then ``to_edge_transform_and_lower`` and ``to_executorch``.
 
@@ -99,21 +96,21 @@ class ExecutorchExporter(DynamoExporter):
 
             # ── Stage 2: Torch patches ──
             with stage(self.name, "Stage 2: Torch patches"):
-                torch_patches = registry.apply_patches(scope, select=lambda p: not _is_executorch_internal(p))
+                torch_patches = registry.apply_patches(scope, stage="Stage 2: Torch patches")
                 with torch_patches:
                     exported = super().export(model, inputs, config)
 
             # ── Stage 3: ExecuTorch patches ──
             with stage(self.name, "Stage 3: ExecuTorch patches"):
-                stack.enter_context(registry.apply_patches(scope, select=_is_executorch_internal))
+                stack.enter_context(registry.apply_patches(scope, stage="Stage 3: ExecuTorch patches"))
 
             # ── Stage 4: FX program fixes ──
             with stage(self.name, "Stage 4: FX program fixes"), dynamic_dim_max(config.max_seq_len):
-                registry.apply_fx_program_fixes(scope, exported)
+                registry.apply_fx_program_fixes(scope, exported, stage="Stage 4: FX program fixes")
 
             # ── Stage 5: FX node fixes ──
             with stage(self.name, "Stage 5: FX node fixes"):
-                registry.apply_fx_node_fixes(scope, exported.graph_module)
+                registry.apply_fx_node_fixes(scope, exported.graph_module, stage="Stage 5: FX node fixes")
 
             if self.dynamic_shapes is not None and self.size_oblivious:
                 # The lowering re-traces the program (run_decompositions); sizes traced from an

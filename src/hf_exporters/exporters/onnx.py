@@ -42,11 +42,6 @@ def newest_opset() -> int:
     return min(_version_converter.SUPPORTED_MAX_ONNX_OPSET, onnx.defs.onnx_opset_version())
 
 
-def _is_onnx_internal(path: str) -> bool:
-    """A Stage 2 hook: torch.onnx's exporter or onnxscript's optimizer."""
-    return path.startswith(("torch.onnx.", "onnxscript."))
-
-
 def _check_onnx_internals() -> None:
     """Fail loudly when the torch.onnx internals the Stage 2 patches hook are not the ones they were written for.
 
@@ -58,8 +53,8 @@ def _check_onnx_internals() -> None:
             f"the ONNX patches hook torch.onnx internals written for torch {', '.join(SUPPORTED_TORCH_FOR_ONNX_PATCHES)}.x; "
             f"torch {torch.__version__} is installed"
         )
-    for workaround in registry.list_workarounds("onnx"):
-        if workaround.kind != "patch" or not _is_onnx_internal(workaround.target):
+    for workaround in registry.list_workarounds("onnx", stage="Stage 2: ONNX patches"):
+        if workaround.kind != "patch":
             continue
         owner_path, _, attribute = workaround.target.rpartition(".")
         library = workaround.target.split(".")[0] if not workaround.target.startswith("torch.onnx.") else "torch.onnx"
@@ -77,10 +72,11 @@ def _check_onnx_internals() -> None:
 class OnnxExporter(DynamoExporter):
     """Export a model to ONNX: the DynamoExporter trace, then ``torch.onnx.export`` with the project's workarounds.
 
-    ``export()`` reads as five stages around ``torch.onnx.export``:
+    ``export()`` reads as five stages around ``torch.onnx.export``; each applies the workarounds
+    registered for ``"onnx"`` with that stage (``Workaround.stage``, declared at registration):
 
-    1. Torch patches: ``apply_patches("onnx")`` on torch ops, active for the trace and the lowering.
-    2. ONNX patches: ``apply_patches("onnx")`` on torch.onnx and onnxscript optimizer internals; re-runs the FX node fixes
+    1. Torch patches: patches on torch ops, active for the trace and the lowering.
+    2. ONNX patches: patches on torch.onnx and onnxscript optimizer internals; re-runs the FX node fixes
        right after ``run_decompositions``.
     3. FX node fixes: ``apply_fx_node_fixes("onnx", ...)`` on the traced graph.
     4. ONNX translations: the custom translation table (aten op -> onnxscript function).
@@ -133,22 +129,22 @@ class OnnxExporter(DynamoExporter):
         with registry.export_lock(), contextlib.ExitStack() as stack:
             # ── Stage 1: Torch patches ──
             with stage(self.name, "Stage 1: Torch patches"):
-                stack.enter_context(registry.apply_patches("onnx", select=lambda path: not _is_onnx_internal(path)))
+                stack.enter_context(registry.apply_patches("onnx", stage="Stage 1: Torch patches"))
             exported = super().export(model, inputs, config)
 
             # ── Stage 2: ONNX patches ──
             with stage(self.name, "Stage 2: ONNX patches"):
                 _check_onnx_internals()
-                stack.enter_context(registry.apply_patches("onnx", select=_is_onnx_internal))
+                stack.enter_context(registry.apply_patches("onnx", stage="Stage 2: ONNX patches"))
 
             # ── Stage 3: FX node fixes ──
             with stage(self.name, "Stage 3: FX node fixes"):
-                self.fx_fixes_applied = registry.apply_fx_node_fixes("onnx", exported.graph_module)
+                self.fx_fixes_applied = registry.apply_fx_node_fixes("onnx", exported.graph_module, stage="Stage 3: FX node fixes")
 
             # ── Stage 4: ONNX translations ──
             with stage(self.name, "Stage 4: ONNX translations"):
                 _load_custom_op_namespaces()
-                table = registry.onnx_translation_table()
+                table = registry.onnx_translation_table(stage="Stage 4: ONNX translations")
                 for op, funcs in table.items():
                     if isinstance(funcs, list):  # torch.onnx takes one function per op
                         raise TypeError(f"more than one ONNX translation registered for {op}: {[f.__name__ for f in funcs]}")
@@ -300,7 +296,7 @@ def apply_onnx_ir_fixes(model: Any) -> int:
 
     Returns the number of nodes changed."""
     changed = 0
-    for fix in registry.onnx_ir_fixes():
+    for fix in registry.onnx_ir_fixes(stage="Stage 5: ONNX IR fixes"):
         changed += fix(model.graph)
         for function in model.functions.values():
             changed += fix(function)

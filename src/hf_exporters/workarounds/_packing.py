@@ -22,3 +22,15 @@ def slice_index(ends: torch.Tensor, total: Any) -> torch.Tensor:
     """
     positions = torch.arange(total, device=ends.device, dtype=ends.dtype)
     return (positions[:, None] >= ends[None, :]).sum(dim=-1)
+
+
+def packed_positions(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For items packed image after image, ``counts[i]`` of image ``i``: each item's image and its
+    place within that image, both (counts.sum(),) int64. The total is read once from the data (an
+    unbacked size); the image of an item is the number of images that end at or before it (a
+    comparison and a sum, no ``repeat_interleave``, no Python loop over the images)."""
+    total = counts.sum().item()
+    torch._check(total >= 0)
+    ends = torch.cumsum(counts, 0)
+    image = slice_index(ends, total)
+    return image, torch.arange(total, device=counts.device) - (ends - counts)[image]

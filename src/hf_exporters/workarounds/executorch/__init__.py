@@ -1,7 +1,20 @@
-"""ExecutorchExporter workarounds, one module per stage. Importing this package registers them."""
+"""ExecutorchExporter workarounds. Importing this package registers them.
+
+Each workaround declares its stage where it is registered; the modules:
+
+- ``backends``: Stage 1, backend preparation (``prepare_for_<name>``).
+- ``torch_patches``: Stage 2, torch ops the ExecuTorch backends reject, rewritten in core ATen ops.
+- ``complex_numbers``: Stage 2, model code computing in complex numbers (rotary tables, FNet's FFT).
+- ``moe``: Stage 2, transformers' experts implementations ExecuTorch cannot run.
+- ``executorch_patches``: Stage 3, ExecuTorch internals that break on valid dynamic-shape graphs.
+- ``fx_program_fixes``: Stage 4, repairs of the whole traced program.
+- ``fx_node_fixes``: Stage 5, single-node rewrites.
+"""
 
 from . import backends as _backends  # noqa: F401
+from . import complex_numbers as _complex_numbers  # noqa: F401
 from . import executorch_patches as _executorch_patches  # noqa: F401
 from . import fx_node_fixes as _fx_node_fixes  # noqa: F401
 from . import fx_program_fixes as _fx_program_fixes  # noqa: F401
+from . import moe as _moe  # noqa: F401
 from . import torch_patches as _torch_patches  # noqa: F401

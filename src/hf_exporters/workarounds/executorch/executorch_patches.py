@@ -1,7 +1,9 @@
-"""ExecutorchExporter Stage 3: ExecuTorch patches (``register_patch("executorch...", "executorch.<path>")``).
+"""ExecuTorch internals that break on valid dynamic-shape graphs: patches of ExecutorchExporter's
+Stage 3 (ExecuTorch patches), active during ``to_edge_transform_and_lower`` and ``to_executorch``.
 
-Active during ``to_edge_transform_and_lower`` and ``to_executorch``: ExecuTorch internals that break
-on valid dynamic-shape graphs.
+Pattern: XNNPACK's partitioner claiming nodes its serialiser refuses, the edge verifier refusing
+Python symbolic-size functions, dim orders decided from strides read from data, and scan loops
+emitted with buffers sized at export time.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def _symbolic_dims(node: torch.fx.Node) -> int:
     return sum(is_symbolic(size) for size in shape)
 
 
-@register_patch("executorch.xnnpack", "executorch.backends.xnnpack.partition.config.gemm_configs.ConvolutionConfig.check_constraints")
+@register_patch("executorch.xnnpack", "executorch.backends.xnnpack.partition.config.gemm_configs.ConvolutionConfig.check_constraints", stage="Stage 3: ExecuTorch patches")
 def _patch_xnnpack_conv1d_one_dynamic_axis(original: Any) -> Any:
     """XNNPACK's partitioner claims a 1-D convolution only when its input has at most one symbolic
     axis; one with more (dynamic batch and length) runs on the portable kernel.
@@ -51,6 +53,7 @@ def _patch_xnnpack_conv1d_one_dynamic_axis(original: Any) -> Any:
 @register_patch(
     "executorch.xnnpack",
     "executorch.backends.xnnpack.partition.config.generic_node_configs.UnsqueezeCopyConfig.check_constraints",
+    stage="Stage 3: ExecuTorch patches",
 )
 def _patch_xnnpack_unsqueeze_one_dynamic_axis(original: Any) -> Any:
     """XNNPACK's partitioner claims an ``unsqueeze_copy`` only when its output has at most one symbolic
@@ -77,7 +80,7 @@ def _patch_xnnpack_unsqueeze_one_dynamic_axis(original: Any) -> Any:
     return check_constraints
 
 
-@register_patch("executorch", "executorch.exir.verification.verifier._EXECUTORCH_SYM_OPS")
+@register_patch("executorch", "executorch.exir.verification.verifier._EXECUTORCH_SYM_OPS", stage="Stage 3: ExecuTorch patches")
 def _patch_edge_verifier_python_sym_ops(original: Any) -> Any:
     """The edge-dialect verifier accepts the Python symbolic-size functions (``torch.sym_min``,
     ``torch.sym_max``, ``torch.sym_ite``, ...) that ``to_executorch`` maps to ExecuTorch's prim ops.
@@ -126,6 +129,7 @@ def _stride_order(a: Any, b: Any) -> int | None:
     "executorch.exir.tensor_layout.dim_order_from_stride",
     "executorch.exir.emit._emitter.dim_order_from_stride",
     "executorch.exir.passes.replace_view_copy_with_view_pass.dim_order_from_stride",
+    stage="Stage 3: ExecuTorch patches",
 )
 def _patch_dim_order_from_positive_strides(original: Any) -> Any:
     """The dim order of a tensor whose strides are sizes read from data (unbacked SymInts), decided
@@ -170,7 +174,7 @@ def _patch_dim_order_from_positive_strides(original: Any) -> Any:
     return dim_order_from_stride
 
 
-@register_patch("executorch", "executorch.exir.emit._emitter._Emitter._emit_scan")
+@register_patch("executorch", "executorch.exir.emit._emitter._Emitter._emit_scan", stage="Stage 3: ExecuTorch patches")
 def _patch_scan_buffers_sized_at_run_time(original: Any) -> Any:
     """The emitted scan loop sizes its buffers at run time: each carry buffer takes the initial carry's
     shape (``clone.out`` before the loop), and at the first step each stacked-output buffer takes the

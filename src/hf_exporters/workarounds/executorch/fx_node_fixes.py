@@ -1,6 +1,8 @@
 """ExecutorchExporter Stage 5: FX node fixes (``register_fx_node_fix("executorch...")``).
 
-Rewrites of single nodes of the traced graph into ops ExecuTorch can lower and run.
+Rewrites of single nodes of the traced graph into ops ExecuTorch can lower and run: a ``max.dim``
+XNNPACK would mislower, int32 gather/scatter indices, ``nonzero``'s column-major output, and the
+run-time checks on tensor data the ONNX exporter erases too (:mod:`.._data_checks`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import operator
 import torch
 
 from ...registry import register_fx_node_fix
+from .._data_checks import _fix_drop_tensor_data_checks
 
 
 @register_fx_node_fix("executorch.xnnpack")
@@ -133,3 +136,8 @@ def _fix_squeeze_of_nonzero_made_contiguous(graph_module: torch.fx.GraphModule, 
     copy.meta = {**{k: v for k, v in source.meta.items() if k != "unbacked_bindings"}, "val": value}
     node.args = (copy, *node.args[1:])
     return True
+
+
+#: defined in :mod:`.._data_checks` (the ONNX exporter registers it too); registered after the fixes
+#: above, as before: the first fix that consumes a node wins
+register_fx_node_fix("executorch")(_fix_drop_tensor_data_checks)

@@ -1,7 +1,11 @@
-"""ExecutorchExporter Stage 2: torch patches (``register_patch("executorch...", "<torch or transformers path>")``).
+"""torch ops the ExecuTorch backends reject: patches of ExecutorchExporter's Stage 2 (Torch patches),
+active during the torch.export trace.
 
-Active during the torch.export trace: rewrites of torch ops (and model helpers) into forms the
-ExecuTorch backends accept.
+Pattern: an op that is not core ATen, has no portable kernel, or whose lowering specialises a
+dynamic axis (``split_with_sizes_copy``, ``sort``, ``bucketize``, ``embedding_bag``,
+``scatter_reduce``, ``erfinv``, ``repeat_interleave.Tensor``, 3-D convolutions, antialiased resizing
+to sizes from data, ``cummax``/``cummin``), rewritten into core ATen ops that give the same values.
+Model code ExecuTorch rejects is in :mod:`.complex_numbers` and :mod:`.moe`.
 """
 
 from __future__ import annotations
@@ -13,30 +17,6 @@ import torch
 
 from ...registry import register_patch
 from .._packing import slice_index
-
-#: experts implementations whose trace ExecuTorch cannot run, each replaced by ``batched_mm``
-_EXPERTS_REPLACED = ("eager", "grouped_mm")
-
-
-@register_patch("executorch", "transformers.integrations.moe.ExpertsInterface._global_mapping")
-def _patch_experts_batched_mm(original: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
-    """Run mixture-of-experts layers with the ``batched_mm`` experts implementation.
-
-    Pattern: the default ``grouped_mm`` experts forward sorts tokens by expert, counts them with
-    ``histc`` (not core ATen: "aten.histc.default is not in Core ATen opset") and multiplies through
-    ``torch.ops.transformers.grouped_mm_fallback`` on CPU, a custom op with no ExecuTorch kernel
-    ("Missing out variants: {'transformers::grouped_mm_fallback'}" in ``to_executorch``); the ``eager`` one loops over the experts picked with ``nonzero()``
-    (data-dependent shapes). ``batched_mm`` gathers each selected expert's weights and runs one
-    ``bmm``: the same numbers, static shapes, core ATen ops only.
-    Models: MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM and the
-    other models whose experts class uses ``@use_experts_implementation``.
-    Upstream: model-side (transformers#38518: an export-friendly experts implementation chosen for
-    torch.export; grouped_mm_fallback needs an out variant to run in ExecuTorch)
-    Remove when: transformers picks an export-friendly experts implementation under torch.export, or
-    ExecuTorch runs ``torch.nn.functional.grouped_mm``.
-    """
-    batched = original["batched_mm"]
-    return {**original, **dict.fromkeys(_EXPERTS_REPLACED, batched)}
 
 
 def _static_size(tensor: Any, dim: int) -> int | None:
@@ -53,7 +33,7 @@ def _narrowed(tensor: Any, dim: int, sizes: list[int]) -> tuple[Any, ...]:
     return tuple(pieces)
 
 
-@register_patch("executorch", "torch.Tensor.chunk", "torch.chunk")
+@register_patch("executorch", "torch.Tensor.chunk", "torch.chunk", stage="Stage 2: Torch patches")
 def _patch_chunk_as_narrow(original: Callable[..., Any]) -> Callable[..., Any]:
     """Trace ``chunk`` along a static axis as ``narrow`` views instead of ``split_with_sizes``.
 
@@ -81,7 +61,7 @@ def _patch_chunk_as_narrow(original: Callable[..., Any]) -> Callable[..., Any]:
     return chunk
 
 
-@register_patch("executorch", "torch.Tensor.split", "torch.split")
+@register_patch("executorch", "torch.Tensor.split", "torch.split", stage="Stage 2: Torch patches")
 def _patch_split_as_narrow(original: Callable[..., Any]) -> Callable[..., Any]:
     """Trace ``split`` along a static axis as ``narrow`` views instead of ``split_with_sizes``.
 
@@ -112,7 +92,7 @@ def _patch_split_as_narrow(original: Callable[..., Any]) -> Callable[..., Any]:
     return split
 
 
-@register_patch("executorch", "torch.argsort", "torch.Tensor.argsort")
+@register_patch("executorch", "torch.argsort", "torch.Tensor.argsort", stage="Stage 2: Torch patches")
 def _patch_argsort_as_topk(original: Callable[..., Any]) -> Callable[..., Any]:
     """Trace an unstable ``argsort`` as ``topk`` over the whole axis.
 
@@ -139,7 +119,7 @@ def _patch_argsort_as_topk(original: Callable[..., Any]) -> Callable[..., Any]:
     return argsort
 
 
-@register_patch("executorch", "torch.nn.functional.scaled_dot_product_attention")
+@register_patch("executorch", "torch.nn.functional.scaled_dot_product_attention", stage="Stage 2: Torch patches")
 def _patch_sdpa_output_copy(original: Any) -> Any:
     """Return SDPA's output as an explicit contiguous copy.
 
@@ -171,7 +151,7 @@ def _patch_sdpa_output_copy(original: Any) -> Any:
     return scaled_dot_product_attention
 
 
-@register_patch("executorch", "torch.bucketize")
+@register_patch("executorch", "torch.bucketize", stage="Stage 2: Torch patches")
 def _patch_bucketize_by_comparison(original: Any) -> Any:
     """``torch.bucketize(x, boundaries)`` as a count of the boundaries below each value.
 
@@ -199,7 +179,7 @@ def _patch_bucketize_by_comparison(original: Any) -> Any:
     return bucketize
 
 
-@register_patch("executorch", "torch.nn.functional.embedding_bag")
+@register_patch("executorch", "torch.nn.functional.embedding_bag", stage="Stage 2: Torch patches")
 def _patch_embedding_bag_as_gather_and_reduce(original: Any) -> Any:
     """``F.embedding_bag`` over fixed-size bags as a row gather and a reduction.
 
@@ -235,7 +215,7 @@ def _patch_embedding_bag_as_gather_and_reduce(original: Any) -> Any:
     return embedding_bag
 
 
-@register_patch("executorch", "torch.Tensor.scatter_reduce", "torch.scatter_reduce")
+@register_patch("executorch", "torch.Tensor.scatter_reduce", "torch.scatter_reduce", stage="Stage 2: Torch patches")
 def _patch_scatter_reduce_1d_by_scatter_add(original: Any) -> Any:
     """1-D ``scatter_reduce`` (sum, mean, amax, amin) from ``scatter_add`` and a dense comparison.
 
@@ -285,7 +265,7 @@ def _patch_scatter_reduce_1d_by_scatter_add(original: Any) -> Any:
     return scatter_reduce
 
 
-@register_patch("executorch", "torch.erfinv", "torch.Tensor.erfinv", "torch.special.erfinv")
+@register_patch("executorch", "torch.erfinv", "torch.Tensor.erfinv", "torch.special.erfinv", stage="Stage 2: Torch patches")
 def _patch_erfinv_by_polynomial(_original: Any) -> Any:
     """``torch.erfinv`` as Giles' single-precision polynomials in elementwise ops.
 
@@ -310,94 +290,7 @@ def _patch_erfinv_by_polynomial(_original: Any) -> Any:
     return erfinv
 
 
-@register_patch(
-    "executorch",
-    "transformers.models.deepseek_v2.modeling_deepseek_v2.DeepseekV2RotaryEmbedding.forward",
-    "transformers.models.llama4.modeling_llama4.Llama4TextRotaryEmbedding.forward",
-    loaded_only=True,
-)
-def _patch_deepseek_v2_rotary_as_real_pairs(_original: Any) -> Any:
-    """DeepSeek-V2's and Llama 4's rotary table as real (cos, sin) pairs instead of complex numbers;
-    paired with :func:`_patch_deepseek_v2_apply_rotary_real` and :func:`_patch_llama4_apply_rotary_real`,
-    which rotate with them.
-
-    Pattern: ``torch.polar`` builds a complex table and ``apply_rotary_emb`` multiplies
-    ``view_as_complex`` queries and keys by it. ExecuTorch has no complex dtype: ``aten.polar`` is not
-    core ATen and ``view_as_complex_copy`` fails the lowering ("does not support automatic
-    differentiation for outputs with complex dtype"). The table becomes (batch, seq, head_dim / 2, 2)
-    with ``[..., 0] = cos``, ``[..., 1] = sin`` (times the attention scaling), the same numbers the
-    complex product uses. Llama 4's text rotary is the same code.
-    Models: DeepseekV2Model, DeepseekV2ForCausalLM, Llama4TextModel, Llama4ForConditionalGeneration.
-    Upstream: executorch (no complex tensors in the edge dialect or the portable kernels);
-        transformers models/deepseek_v2/modeling_deepseek_v2.py, models/llama4/modeling_llama4.py
-        (complex rotary)
-    Remove when: DeepSeek-V2 and Llama 4 apply their rotary embeddings with cos/sin like the Llama family.
-    """
-
-    from transformers.modeling_rope_utils import dynamic_rope_update
-
-    @torch.no_grad()
-    @dynamic_rope_update  # as the original: dynamic and long-context rope types switch inv_freq here
-    def forward(self: Any, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        # position_ids (batch, seq) -> (batch, seq, head_dim / 2, 2)
-        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
-        return torch.stack([torch.cos(freqs), torch.sin(freqs)], dim=-1) * self.attention_scaling
-
-    return forward
-
-
-@register_patch("executorch", "transformers.models.deepseek_v2.modeling_deepseek_v2.apply_rotary_emb", loaded_only=True)
-def _patch_deepseek_v2_apply_rotary_real(_original: Any) -> Any:
-    """DeepSeek-V2's rotary product in real arithmetic over (cos, sin) pairs: for a feature pair
-    ``(a, b)`` and angle pair ``(c, s)``, ``(a c - b s, a s + b c)``, the complex product written out.
-
-    Pattern: see :func:`_patch_deepseek_v2_rotary_as_real_pairs` (the two patches come together: this
-    one reads the table that one writes).
-    Models: DeepseekV2Model, DeepseekV2ForCausalLM.
-    Upstream: executorch (no complex tensors in the edge dialect or the portable kernels)
-    Remove when: DeepSeek-V2 applies its rotary embedding with cos/sin like the Llama family.
-    """
-
-    def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # xq, xk (batch, heads, seq, rope_dim); freqs_cis (batch, seq, rope_dim / 2, 2)
-        table = freqs_cis.unsqueeze(1)
-        return _rotate_pairs(xq, table), _rotate_pairs(xk, table)
-
-    return apply_rotary_emb
-
-
-def _rotate_pairs(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """``x`` (..., dim) rotated pair by pair by ``table`` (..., dim / 2, 2) of (cos, sin), broadcast
-    against ``x``'s leading axes: ``(a, b)`` -> ``(a c - b s, a s + b c)``, in float32, returned in
-    ``x``'s dtype."""
-    cos, sin = table[..., 0], table[..., 1]
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    a, b = pairs[..., 0], pairs[..., 1]
-    return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2).type_as(x)
-
-
-@register_patch("executorch", "transformers.models.llama4.modeling_llama4.apply_rotary_emb", loaded_only=True)
-def _patch_llama4_apply_rotary_real(_original: Any) -> Any:
-    """Llama 4's text rotary product in real arithmetic over (cos, sin) pairs (:func:`_rotate_pairs`).
-
-    Pattern: as DeepSeek-V2 (:func:`_patch_deepseek_v2_rotary_as_real_pairs` writes the table), with
-    queries and keys still (batch, seq, heads, head_dim) and the table broadcast over the heads.
-    Without it the lowering fails with "view_as_complex_copy does not support automatic
-    differentiation for outputs with complex dtype".
-    Models: Llama4TextModel, Llama4ForConditionalGeneration (text inputs).
-    Upstream: executorch (no complex tensors in the edge dialect or the portable kernels)
-    Remove when: Llama 4 applies its rotary embedding with cos/sin like the Llama family.
-    """
-
-    def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # xq, xk (batch, seq, heads, head_dim); freqs_cis (batch, seq, head_dim / 2, 2)
-        table = freqs_cis[:, :, None]
-        return _rotate_pairs(xq, table), _rotate_pairs(xk, table)
-
-    return apply_rotary_emb
-
-
-@register_patch("executorch", "torch.repeat_interleave", "torch.Tensor.repeat_interleave")
+@register_patch("executorch", "torch.repeat_interleave", "torch.Tensor.repeat_interleave", stage="Stage 2: Torch patches")
 def _patch_repeat_interleave_by_counts(original: Any) -> Any:
     """``repeat_interleave`` by a 1-D tensor of counts as a gather of the slices each position falls in.
 
@@ -444,7 +337,7 @@ def _all_equal(value: Any, expected: int, rank: int = 3) -> bool:
     return len(values) == rank and all(v == expected for v in values)
 
 
-@register_patch("executorch", "torch.nn.functional.conv3d")
+@register_patch("executorch", "torch.nn.functional.conv3d", stage="Stage 2: Torch patches")
 def _patch_conv3d_patchify_as_conv2d(original: Any) -> Any:
     """A 3-D convolution whose stride equals its kernel (a patch embedding) as a 2-D one over slices.
 
@@ -501,7 +394,7 @@ def _antialiased_bilinear_weights(out_size: Any, in_size: int, like: torch.Tenso
     return (weights / weights.sum(-1, keepdim=True)).to(like.dtype)
 
 
-@register_patch("executorch", "torch.nn.functional.interpolate")
+@register_patch("executorch", "torch.nn.functional.interpolate", stage="Stage 2: Torch patches")
 def _patch_antialiased_bilinear_to_sizes_from_data(original: Any) -> Any:
     """Antialiased bilinear resizing to a size read from data, as two matmuls with resampling weights.
 
@@ -583,7 +476,7 @@ def _running_extreme_op(original: Any, largest: bool) -> Any:
     return running_extreme
 
 
-@register_patch("executorch", "torch.cummax", "torch.Tensor.cummax")
+@register_patch("executorch", "torch.cummax", "torch.Tensor.cummax", stage="Stage 2: Torch patches")
 def _patch_cummax_of_integers_as_core_ops(original: Any) -> Any:
     """``cummax`` of an integer tensor from broadcast comparisons and ``amax`` (:func:`_running_extreme`).
 
@@ -603,7 +496,7 @@ def _patch_cummax_of_integers_as_core_ops(original: Any) -> Any:
     return _running_extreme_op(original, largest=True)
 
 
-@register_patch("executorch", "torch.cummin", "torch.Tensor.cummin")
+@register_patch("executorch", "torch.cummin", "torch.Tensor.cummin", stage="Stage 2: Torch patches")
 def _patch_cummin_of_integers_as_core_ops(original: Any) -> Any:
     """``cummin`` of an integer tensor from broadcast comparisons and ``amin`` (:func:`_running_extreme`).
 
@@ -620,46 +513,3 @@ def _patch_cummin_of_integers_as_core_ops(original: Any) -> Any:
     return _running_extreme_op(original, largest=False)
 
 
-def _real_dft2(x: torch.Tensor) -> torch.Tensor:
-    """The real part of the 2-D discrete Fourier transform of ``x`` over axes 1 and 2, from matrix
-    products: ``Re(F_s x F_h) = C_s x C_h - S_s x S_h`` with ``C[j, k] = cos(2 pi j k / n)`` and
-    ``S[j, k] = sin(2 pi j k / n)`` (``F = C - i S``, symmetric).
-
-    Shapes: ``x`` (batch, seq, hidden) -> (batch, seq, hidden), computed in float32 and returned in
-    ``x``'s dtype. The phase ``j k`` is reduced modulo ``n`` in integers before it becomes an angle,
-    so long axes keep their precision.
-    """
-
-    def cos_sin(n: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        k = torch.arange(n, device=x.device)
-        angle = ((k[:, None] * k[None, :]) % n).to(torch.float32) * (2 * torch.pi / n)
-        return angle.cos(), angle.sin()
-
-    cos_s, sin_s = cos_sin(x.shape[1])
-    cos_h, sin_h = cos_sin(x.shape[2])
-    values = x.float()
-    return (cos_s @ values @ cos_h - sin_s @ values @ sin_h).to(x.dtype)
-
-
-@register_patch("executorch", "transformers.models.fnet.modeling_fnet.FNetBasicFourierTransform.forward", loaded_only=True)
-def _patch_fnet_fourier_as_real_matmuls(_original: Any) -> Any:
-    """FNet's token mixing, the real part of a 2-D Fourier transform over (sequence, hidden), as four
-    real matrix products (:func:`_real_dft2`) instead of complex FFTs.
-
-    Pattern: ``torch.fft.fftn(hidden_states, dim=(1, 2)).real`` (or the TPU path's complex DFT
-    matrices, or ``fftn`` one axis at a time: the same numbers) traces to ``aten._fft_r2c`` and
-    ``aten._fft_c2c``, which are not core ATen ("SpecViolationError: Operator
-    torch._ops.aten._fft_c2c.default is not in Core ATen opset"), over complex tensors ExecuTorch has
-    no dtype for. Only the real part is used, and it is real arithmetic: cosine and sine tables times
-    the hidden states. Cost ``O(seq**2 * hidden + seq * hidden**2)`` instead of the FFT's
-    ``O(seq * hidden * log)``, which XNNPACK runs as matrix products.
-    Models: FNetModel and its heads (executorch in the sweep).
-    Upstream: executorch (no complex tensors or FFT kernels in the edge dialect and the portable
-        kernels); pytorch/pytorch core ATen opset (``_fft_c2c``/``_fft_r2c`` are not in it)
-    Remove when: ExecuTorch lowers ``_fft_r2c``/``_fft_c2c`` (or FNet offers a real DFT path).
-    """
-
-    def forward(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor]:
-        return (_real_dft2(hidden_states),)
-
-    return forward

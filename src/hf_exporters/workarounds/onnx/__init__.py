@@ -1,7 +1,11 @@
-"""OnnxExporter workarounds, one module per stage. Importing this package registers them.
+"""OnnxExporter workarounds. Importing this package registers them.
 
-- ``torch_patches``: Stage 1, torch ops swapped for the trace and the lowering.
-- ``onnx_patches``: Stage 2, torch.onnx internals (the FX node fixes re-run after decomposition).
+Each workaround declares its stage where it is registered; the modules:
+
+- ``torch_patches``: Stage 1, torch ops swapped for the trace and the lowering (and the trace's
+  floor-division patch, registered for the lowering's decompositions too).
+- ``onnx_patches``: Stage 2, torch.onnx and onnxscript internals (the FX node fixes re-run after
+  decomposition, the optimizer's rules and folding).
 - ``fx_node_fixes``: Stage 3, FX node rewrites.
 - ``translations``: Stage 4, aten op -> onnxscript function.
 - ``ir_fixes``: Stage 5, rewrites of the finished ONNX model.

@@ -1,8 +1,10 @@
-"""OnnxExporter Stage 2: ONNX patches (``register_patch("onnx", "torch.onnx._internal....")``).
+"""torch.onnx and onnxscript internals: patches of OnnxExporter's Stage 2 (ONNX patches), active for
+the lowering (``torch.onnx.export`` and its onnxscript optimizer).
 
-These hook torch.onnx internals; the exporter checks before applying them that torch is a version
-they were written for and that every hooked attribute still exists, and fails with
-``Stage 2: ONNX patches`` otherwise.
+Pattern: the exporter's passes between decomposition and lowering (the FX node fixes re-run, type
+promotion, output handling) and the optimizer's rewrite rules, matcher and constant folding. The
+exporter checks before applying them that torch is a version they were written for and that every
+hooked attribute still exists, and fails with ``Stage 2: ONNX patches`` otherwise.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from ... import registry
 
 
-@registry.register_patch("onnx", "torch.onnx._internal.exporter._fx_passes.decompose_with_registry")
+@registry.register_patch("onnx", "torch.onnx._internal.exporter._fx_passes.decompose_with_registry", stage="Stage 2: ONNX patches")
 def _patch_decompose_with_registry(original: Callable[..., Any]) -> Callable[..., Any]:
     """Re-run the ONNX FX node fixes on the graph ``run_decompositions`` returns.
 
@@ -32,13 +34,13 @@ def _patch_decompose_with_registry(original: Callable[..., Any]) -> Callable[...
         from ...exporters.onnx import record_decomposition_fixes
 
         decomposed = original(exported_program, onnx_registry)
-        record_decomposition_fixes(registry.apply_fx_node_fixes("onnx", decomposed.graph_module))
+        record_decomposition_fixes(registry.apply_fx_node_fixes("onnx", decomposed.graph_module, stage="Stage 3: FX node fixes"))
         return decomposed
 
     return decompose_with_registry
 
 
-@registry.register_patch("onnx", "torch.onnx._internal.exporter._fx_passes.insert_type_promotion_nodes")
+@registry.register_patch("onnx", "torch.onnx._internal.exporter._fx_passes.insert_type_promotion_nodes", stage="Stage 2: ONNX patches")
 def _patch_type_promotion_keeps_lstm_whole(original: Callable[..., Any]) -> Callable[..., Any]:
     """Run torch.onnx's type-promotion pass with ``aten.lstm.input`` kept whole, as the decomposition keeps it.
 
@@ -66,7 +68,7 @@ def _patch_type_promotion_keeps_lstm_whole(original: Callable[..., Any]) -> Call
     return insert_type_promotion_nodes
 
 
-@registry.register_patch("onnx", "torch.onnx._internal.exporter._core._handle_output_node")
+@registry.register_patch("onnx", "torch.onnx._internal.exporter._core._handle_output_node", stage="Stage 2: ONNX patches")
 def _patch_output_node_constants(original: Callable[..., Any]) -> Callable[..., Any]:
     """Leave Python numbers in the program's outputs out of the ONNX graph outputs, as ``None`` is.
 
@@ -131,7 +133,7 @@ def _exact_no_op_rules() -> list[Any]:
     return [RewriteRule(pattern, identity, exactly(value)) for pattern, value in patterns]
 
 
-@registry.register_patch("onnx", "onnxscript.rewriter._DEFAULT_REWRITE_RULES")
+@registry.register_patch("onnx", "onnxscript.rewriter._DEFAULT_REWRITE_RULES", stage="Stage 2: ONNX patches")
 def _patch_no_op_rules_exact_constants(original: tuple[Any, ...]) -> tuple[Any, ...]:
     """The optimizer's no-op rules (``x + 0 -> x``, ``x * 1 -> x``, ...) for exact constants only.
 
@@ -157,7 +159,7 @@ def _patch_no_op_rules_exact_constants(original: tuple[Any, ...]) -> tuple[Any, 
     return (*_exact_no_op_rules(), *(rule for rule in original if id(rule) not in inexact))
 
 
-@registry.register_patch("onnx", "onnxscript.rewriter._matcher.SimplePatternMatcher.match")
+@registry.register_patch("onnx", "onnxscript.rewriter._matcher.SimplePatternMatcher.match", stage="Stage 2: ONNX patches")
 def _patch_multi_output_match_checks_the_first_node_first(original: Any) -> Any:
     """Reject a node for a multi-output rewrite pattern before indexing the whole graph, when its
     op type cannot match the pattern's first output node.
@@ -191,7 +193,7 @@ def _patch_multi_output_match_checks_the_first_node_first(original: Any) -> Any:
     return match
 
 
-@registry.register_patch("onnx", "onnxscript.optimizer._constant_folding.registry.op_evaluators")
+@registry.register_patch("onnx", "onnxscript.optimizer._constant_folding.registry.op_evaluators", stage="Stage 2: ONNX patches")
 def _patch_split_to_sequence_folding_skips_a_runtime_split(original: dict[Any, Any]) -> dict[Any, Any]:
     """Constant folding leaves a ``SplitToSequence`` alone when its ``split`` input is a scalar known
     only at run time.

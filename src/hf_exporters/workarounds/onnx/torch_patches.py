@@ -1,11 +1,21 @@
-"""OnnxExporter Stage 1: torch patches (``register_patch("onnx", "torch....")``), active for the trace
-and the lowering."""
+"""torch ops and torch internals the ONNX lowering cannot take as they are: patches of OnnxExporter's
+Stage 1 (Torch patches), active for the trace and the lowering.
+
+Pattern: ops torchlib has no translation for (``cummax``/``cummin``) or refuses in one case
+(``histc`` with equal bounds), ``aten.lstm`` whose kept composite op gets a fake rule that loops over
+time, and the trace's floor-division patch, kept for the lowering's decompositions.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ...registry import register_patch
+from ..dynamo.symbolic_shapes import _patch_floordiv_cancels_without_simplify
+
+#: the trace's floor-division patch (pattern and models in its docstring, in
+#: :mod:`..dynamo.symbolic_shapes`), installed for the ONNX lowering's decompositions too
+register_patch("onnx", "torch.utils._sympy.functions.sympy", stage="Stage 1: Torch patches")(_patch_floordiv_cancels_without_simplify)
 
 
 def _running_extreme(original: Any, largest: bool) -> Any:
@@ -31,7 +41,7 @@ def _running_extreme(original: Any, largest: bool) -> Any:
     return running
 
 
-@register_patch("onnx", "torch.cummax", "torch.Tensor.cummax")
+@register_patch("onnx", "torch.cummax", "torch.Tensor.cummax", stage="Stage 1: Torch patches")
 def _patch_cummax_by_triangle(original: Any) -> Any:
     """Trace ``cummax`` over an axis of static length n as a masked max over an (n, n) lower triangle.
 
@@ -49,7 +59,7 @@ def _patch_cummax_by_triangle(original: Any) -> Any:
     return _running_extreme(original, largest=True)
 
 
-@register_patch("onnx", "torch.cummin", "torch.Tensor.cummin")
+@register_patch("onnx", "torch.cummin", "torch.Tensor.cummin", stage="Stage 1: Torch patches")
 def _patch_cummin_by_triangle(original: Any) -> Any:
     """Trace ``cummin`` over an axis of static length n as a masked min over an (n, n) lower triangle.
 
@@ -65,7 +75,7 @@ def _patch_cummin_by_triangle(original: Any) -> Any:
     return _running_extreme(original, largest=False)
 
 
-@register_patch("onnx", "torch.histc", "torch.Tensor.histc")
+@register_patch("onnx", "torch.histc", "torch.Tensor.histc", stage="Stage 1: Torch patches")
 def _patch_histc_equal_bounds(original: Any) -> Any:
     """``torch.histc`` with one bin and ``min == max``, in torch's meaning, which torchlib refuses.
 
@@ -116,7 +126,7 @@ def _lstm_shapes(fake_mode: Any, func: Any, *args: Any) -> Any:  # noqa: ARG001 
         return _lstm_meta(*args)
 
 
-@register_patch("onnx", "torch.export.exported_program._override_composite_implicit_decomp")
+@register_patch("onnx", "torch.export.exported_program._override_composite_implicit_decomp", stage="Stage 1: Torch patches")
 def _patch_lstm_kept_whole_with_symbolic_length(original: Any) -> Any:
     """Give ``aten.lstm.input`` a fake rule that reads sizes, while ``run_decompositions`` keeps it whole.
 
