@@ -87,7 +87,9 @@ def attention_for_xnnpack(
         weights = torch.softmax(scores + bias, dim=-1) * keep
     probabilities = weights.reshape(batch * heads, length, keys)
     out = torch.bmm(probabilities, value.reshape(batch * heads, keys, value_dim)).view(batch, heads, length, value_dim)
-    # torch's CPU kernel (flash attention, chosen for these inputs) returns (B, H, L, Ev) laid out as
+    if value_dim != dim:
+        return out  # torch's math kernel (head sizes differ): a contiguous (B, H, L, Ev)
+    # torch's CPU flash-attention kernel (equal head sizes) returns (B, H, L, Ev) laid out as
     # (B, L, H, Ev); the traced graph may view the transposed output on that layout
     return out.transpose(1, 2).contiguous().transpose(1, 2)
 
@@ -125,9 +127,17 @@ def select_for_xnnpack(input: torch.Tensor, dim: int, index: int) -> Any:
 
 @register_patch("executorch.xnnpack", "executorch.exir.program._program._default_decomposition_table", stage="Stage 3: ExecuTorch patches")
 def _patch_xnnpack_attention_and_layer_norm_decompositions(original: Any) -> Any:
-    """Add :func:`attention_for_xnnpack`, :func:`layer_norm_for_xnnpack` and :func:`select_for_xnnpack` to the decomposition table
-    ExecuTorch's lowering uses (see the module docstring for the pattern, models and upstream reports).
+    """Add :func:`attention_for_xnnpack`, :func:`layer_norm_for_xnnpack` and :func:`select_for_xnnpack` to
+    the decomposition table ExecuTorch's lowering uses, for static shapes.
 
+    Pattern: SDPA, LayerNorm and a first-token ``select`` each end an XNNPACK partition (torch's SDPA
+    decomposition leaves ``expand_copy``, ``mul.Scalar``, ``where``, ``any``; XNNPACK has no LayerNorm
+    or ``select_copy`` config); see the module docstring.
+    Models: BertModel and every encoder with LayerNorm and SDPA attention (all-MiniLM-L6-v2: 26 XNNPACK
+    partitions before, 2 after, static shapes).
+    Upstream: pytorch/executorch backends/xnnpack/partition/config/generic_node_configs.py (no LayerNorm,
+        ``where``, ``expand_copy`` or ``select_copy`` config; ``mean.dim`` over 4-D only); torch/_decomp
+        ``_scaled_dot_product_attention_math`` (a 4-D matmul through ``expand``)
     Remove when: XNNPACK's partitioner claims ``native_layer_norm`` and the ops of torch's SDPA decomposition.
     """
 
