@@ -37,8 +37,9 @@ ASAN_BUILD = BUILD.parent / "cpp-asan"
 
 
 def _hfx_run(*args: str, binary=None, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(binary or BUILD / "hfx-run"), *map(str, args)], capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, **(env or {})})
+    # errors="replace": with HFX_VERBOSE=1 the runtime's log quotes a corrupt file's bytes
+    return subprocess.run([str(binary or BUILD / "hfx-run"), *map(str, args)], capture_output=True, text=True, errors="replace", timeout=300,
+                          check=False, env={**os.environ, **(env or {})})
 
 
 def _tiny_llama_checkpoint(folder):
@@ -119,6 +120,41 @@ def test_a_wrong_expectation_exits_2(minilm_folder, tmp_path):
     assert result.returncode == 2 and "outputs differ beyond tolerance (atol 0.001)" in result.stdout
 
 
+def test_an_expect_file_without_an_output_fails_naming_it(minilm_folder, tmp_path):
+    """An output missing from --expect is a parity failure (exit 2) naming it; none compared is one too."""
+    from safetensors.torch import save_file
+
+    folder, model, inputs = minilm_folder
+    inputs_file, _, expected = _write_expectations(folder, model, inputs)
+    names = sorted(expected)
+    assert len(names) >= 2, names
+    partial = tmp_path / "partial.safetensors"
+    save_file({names[0]: expected[names[0]]}, partial)
+    result = _hfx_run(folder, "--inputs", inputs_file, "--expect", partial, "--atol", ATOL)
+    missing = ", ".join(names[1:])
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert result.stderr.splitlines() == [f"error: output{'s' if len(names) > 2 else ''} {missing} {'are' if len(names) > 2 else 'is'} not in {partial} "
+                                          f"({len(names) - 1} of {len(names)} outputs not compared)"], result.stderr
+    assert "all outputs within tolerance" not in result.stdout and f"{names[0]}: max abs diff" in result.stdout
+    unrelated = tmp_path / "unrelated.safetensors"
+    save_file({"something_else": torch.zeros(2)}, unrelated)
+    result = _hfx_run(folder, "--inputs", inputs_file, "--expect", unrelated, "--atol", ATOL)
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert result.stderr.splitlines() == [f"error: nothing compared: none of the {len(names)} outputs ({', '.join(names)}) is in {unrelated}"]
+    assert "within tolerance" not in result.stdout
+
+
+@pytest.mark.parametrize("atol", ["nan", "-1e-3", "inf", "-nan"])
+def test_a_nan_or_negative_atol_is_a_usage_error(atol):
+    result = _hfx_run("/nonexistent-folder", "--inputs", "in.safetensors", "--atol", atol)
+    assert result.returncode == 1 and result.stderr == f"error: --atol: '{atol}' is not a tolerance (give a finite number >= 0)\n"
+
+
+def test_usage_states_the_exit_statuses():
+    result = _hfx_run("--help")
+    assert result.returncode == 0 and "2 a parity failure: an output beyond --atol, an output missing from the --expect file, or nothing compared" in result.stdout
+
+
 @pytest.fixture(scope="module")
 def llama_generation(tmp_path_factory):
     from hf_exporters.demo import write_word_tokenizer
@@ -173,13 +209,58 @@ def test_ctest_unit_tests_pass_with_a_real_program(minilm_folder):
     assert "100% tests passed" in result.stdout and "Skipped" not in result.stdout
 
 
+def test_a_prompt_longer_than_the_export_bound_is_refused_before_running(llama_generation):
+    """The prefill and decode programs were planned for sequences up to a bound (``--max-seq-len``,
+    default 128): a longer prompt is refused before running, with both numbers and the flag, not
+    'execute failed (ExecuTorch error 18)'."""
+    from hf_exporters.workarounds.executorch.fx_program_fixes import UNBOUNDED_DIM_MAX
+
+    _, folder = llama_generation
+    limit = UNBOUNDED_DIM_MAX  # exported without --max-seq-len, from a 7-token example
+    result = _hfx_run(folder, "--generate", "--input-ids", ",".join(["5"] * (limit + 1)), "--max-new-tokens", 1)
+    assert (result.returncode, result.stderr) == (
+        1, f"error: prompt of {limit + 1} tokens, this folder was exported for at most {limit} "
+           f"(re-export with hf-exporters export --max-seq-len {limit + 1} or more)\n")
+    # the prompt fits, prompt and new tokens do not: refused before the prefill runs
+    fits = ",".join(["5"] * (limit - 10))
+    result = _hfx_run(folder, "--generate", "--input-ids", fits, "--max-new-tokens", 12)
+    assert (result.returncode, result.stderr) == (
+        1, f"error: prompt of {limit - 10} tokens and 12 new tokens need {limit + 1} positions, this folder was exported for at most {limit} "
+           f"(re-export with hf-exporters export --max-seq-len {limit + 1} or more, or ask for at most 11 new tokens)\n")
+    assert _hfx_run(folder, "--generate", "--input-ids", fits, "--max-new-tokens", 11).returncode == 0
+    module = cpp_runner.load_module()
+    with pytest.raises(module.HfxError, match=f"prompt of {limit + 1} tokens, this folder was exported for at most {limit}"):
+        module.generate_greedy(str(folder), [5] * (limit + 1), 1)
+    part = cpp_runner.CppExecutorchRunner(folder / "prefill" / "model.pte")
+    assert [list(b) for b in part.part.input_bounds()] == [[limit, limit], [limit, limit]]
+    ids = torch.full((1, limit + 1), 5)
+    with pytest.raises(CppRunnerError, match=f"input 0 axis 1 is {limit + 1}, the program was exported for at most {limit} .*--max-seq-len"):
+        part({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+
+
 MALFORMED = [
     ("truncate", "not a valid ExecuTorch program"),
+    ("random_bytes", "not a valid ExecuTorch program"),
+    ("empty", "not a valid ExecuTorch program"),
+    ("huge_plan", "bytes of planned memory, more than this machine's"),
     ("schema", "unknown schema_version 7"),
     ("escape", "is outside the folder"),
     ("missing", "is missing"),
     ("garbage_json", "not valid JSON"),
 ]
+
+
+def _with_planned_buffer_size(data: bytes, size: int) -> bytes:
+    """``data`` (a .pte) with its forward method's last memory-planned buffer size set to ``size``, in place."""
+    import struct
+
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    plan = next(p for p in deserialize_pte_binary(data).program.execution_plan if p.name == "forward")
+    sizes = plan.non_const_buffer_sizes
+    old = struct.pack(f"<{len(sizes)}q", *sizes)
+    assert data.count(old) == 1, sizes
+    return data.replace(old, struct.pack(f"<{len(sizes)}q", *sizes[:-1], size))
 
 
 def _broken_copy(folder, tmp_path, edit):
@@ -189,6 +270,12 @@ def _broken_copy(folder, tmp_path, edit):
     decode = broken / manifest["parts"]["decode"]["file"]
     if edit == "truncate":
         decode.write_bytes(decode.read_bytes()[: decode.stat().st_size // 3])
+    elif edit == "random_bytes":
+        decode.write_bytes(torch.randint(0, 256, (decode.stat().st_size,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8).numpy().tobytes())
+    elif edit == "empty":
+        decode.write_bytes(b"")
+    elif edit == "huge_plan":  # a corrupt planned-buffer size (was bad_alloc; under ASan an abort)
+        decode.write_bytes(_with_planned_buffer_size(decode.read_bytes(), 1 << 50))
     elif edit == "schema":
         manifest["schema_version"] = 7
     elif edit == "escape":
@@ -226,6 +313,22 @@ def test_malformed_folders_under_address_and_undefined_behaviour_sanitizers(llam
     unit = subprocess.run([str(ASAN_BUILD / "hfx_tests")], capture_output=True, text=True, timeout=600, check=False,
                           env={**os.environ, **env})
     assert unit.returncode == 0 and "Sanitizer" not in unit.stderr, (unit.stdout[-2000:], unit.stderr[-2000:])
+
+
+def test_a_random_or_truncated_model_file_is_an_error(minilm_folder, tmp_path):
+    """A single export's model.pte replaced by random bytes or cut short: one error line, status 1."""
+    folder, model, inputs = minilm_folder
+    inputs_file, _, _ = _write_expectations(folder, model, inputs)
+    data = (folder / "model.pte").read_bytes()
+    noise = torch.randint(0, 256, (1 << 16,), generator=torch.Generator().manual_seed(1), dtype=torch.uint8).numpy().tobytes()
+    for name, blob in [("random", noise), ("header", data[:64]), ("half", data[: len(data) // 2]), ("one-short", data[:-1])]:
+        broken = tmp_path / name
+        shutil.copytree(folder, broken, ignore=shutil.ignore_patterns("model.pte"))
+        (broken / "model.pte").write_bytes(blob)
+        result = _hfx_run(broken, "--inputs", inputs_file)
+        assert result.returncode == 1, (name, result.returncode, result.stderr)
+        assert result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1, (name, result.stderr)
+        assert "not a valid ExecuTorch program" in result.stderr or "cannot load method" in result.stderr, (name, result.stderr)
 
 
 def test_cli_usage_errors():

@@ -21,7 +21,9 @@ PYBIND11_MODULE(_hfx, m) {
       .def_readonly("dtype", &hfx::Tensor::dtype)
       .def_readonly("shape", &hfx::Tensor::shape)
       .def_property_readonly("data", [](const hfx::Tensor& t) { return py::bytes(reinterpret_cast<const char*>(t.data.data()), t.data.size()); });
-  py::class_<hfx::PartRunner>(m, "PartRunner").def("run", &hfx::PartRunner::run, py::call_guard<py::gil_scoped_release>());
+  py::class_<hfx::PartRunner>(m, "PartRunner")
+      .def("run", &hfx::PartRunner::run, py::call_guard<py::gil_scoped_release>())
+      .def("input_bounds", &hfx::PartRunner::input_bounds, "The largest shape each tensor input takes (empty when the runtime does not say).");
   m.def("load_executorch", &hfx::load_executorch, "Load a .pte program (its forward method).");
   m.def("load_aoti", &hfx::load_aoti, "Load an AOTInductor package (*.aoti.pt2).");
   m.def(

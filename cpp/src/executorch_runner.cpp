@@ -10,10 +10,13 @@
 #include <executorch/runtime/executor/program.h>
 #include <executorch/runtime/platform/runtime.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <new>
 #include <optional>
 
 #include "hfx/error.h"
@@ -40,6 +43,18 @@ class BufferLoader final : public et::DataLoader {
   std::vector<uint8_t> bytes_;
 };
 
+/// Bytes of physical memory (0 when unknown). A corrupt program can ask for any size; one larger than
+/// this is refused instead of attempted (which would throw bad_alloc, or fill memory until killed).
+size_t physical_memory() {
+  static const size_t bytes = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : size_t{0};
+  }();
+  return bytes;
+}
+
+bool larger_than_memory(size_t size) { return physical_memory() != 0 && size > physical_memory(); }
+
 /// A MemoryAllocator that takes every block from the heap (freed on reset and destruction).
 class HeapAllocator final : public et::MemoryAllocator {
  public:
@@ -47,6 +62,7 @@ class HeapAllocator final : public et::MemoryAllocator {
   ~HeapAllocator() override { reset(); }
   void* allocate(size_t size, size_t alignment = kDefaultAlignment) override {
     if (alignment < alignof(std::max_align_t)) alignment = alignof(std::max_align_t);
+    if (larger_than_memory(size) || (alignment & (alignment - 1)) != 0) return nullptr;  // the runtime reports MemoryAllocationFailed
     const size_t rounded = (size + alignment - 1) / alignment * alignment;
     void* p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
     if (p) blocks_.push_back(p);
@@ -91,7 +107,11 @@ std::string dtype_name(ScalarType type) {
   }
 }
 
-std::string error_text(et::Error error) { return "ExecuTorch error " + std::to_string(static_cast<int>(error)); }
+std::string error_text(et::Error error) {
+  std::string name = et::to_string(error);  // "Error::InvalidProgram"
+  if (name.rfind("Error::", 0) == 0) name = name.substr(7);
+  return "ExecuTorch error " + std::to_string(static_cast<int>(error)) + ": " + name;
+}
 
 //: the constant method in which hf_exporters records how many mutated-input outputs precede the model's
 constexpr const char* kInputMutationsMethod = "hf_exporters_input_mutation_outputs";
@@ -108,6 +128,15 @@ class ExecutorchPart final : public PartRunner {
     if (!program.ok()) throw Error(path_ + ": not a valid ExecuTorch program (" + error_text(program.error()) + ")");
     program_.emplace(std::move(*program));
     method_ = load("forward", planned_);
+    // The shape each tensor input is planned for: a dynamic axis at its upper bound.
+    auto meta = program_->method_meta("forward");
+    for (size_t i = 0; i < meta->num_inputs(); ++i) {
+      auto tag = meta->input_tag(i);
+      if (!tag.ok() || *tag != et::Tag::Tensor) continue;
+      auto info = meta->input_tensor_meta(i);
+      if (!info.ok()) throw Error(path_ + ": input " + std::to_string(i) + " has no tensor metadata (" + error_text(info.error()) + ")");
+      bounds_.emplace_back(info->sizes().begin(), info->sizes().end());
+    }
     if (program_->method_meta(kInputMutationsMethod).ok()) {
       std::vector<std::vector<uint8_t>> scratch;
       auto constant = load(kInputMutationsMethod, scratch);
@@ -115,6 +144,8 @@ class ExecutorchPart final : public PartRunner {
         skip_outputs_ = static_cast<size_t>(constant->get_output(0).toInt());
     }
   }
+
+  std::vector<std::vector<int64_t>> input_bounds() const override { return bounds_; }
 
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) override {
     auto meta = program_->method_meta("forward");
@@ -128,6 +159,7 @@ class ExecutorchPart final : public PartRunner {
       const Tensor& t = inputs[next++];
       if (static_cast<int64_t>(t.data.size()) != t.numel() * static_cast<int64_t>(element_size(t.dtype)))
         throw Error(path_ + ": input " + std::to_string(next - 1) + " holds the wrong number of bytes for its shape");
+      check_bounds(next - 1, t);
       const auto dim = t.shape.size();
       sizes[i].assign(t.shape.begin(), t.shape.end());
       std::vector<et::etensor::TensorImpl::DimOrderType> order(dim);
@@ -166,14 +198,42 @@ class ExecutorchPart final : public PartRunner {
   }
 
  private:
+  /// Refuse, before set_input, a tensor input whose rank differs or an axis past its planned bound: the
+  /// runtime only checks the element count against the planned capacity, so a longer sequence in a
+  /// smaller batch would be accepted and fail later inside execute() with no reason given.
+  void check_bounds(size_t index, const Tensor& t) const {
+    if (index >= bounds_.size()) return;
+    const auto& bound = bounds_[index];
+    if (t.shape.size() != bound.size())
+      throw Error(path_ + ": input " + std::to_string(index) + " has " + std::to_string(t.shape.size()) + " axes, the program takes " +
+                  std::to_string(bound.size()));
+    for (size_t d = 0; d < bound.size(); ++d)
+      if (t.shape[d] > bound[d])
+        throw Error(path_ + ": input " + std::to_string(index) + " axis " + std::to_string(d) + " is " + std::to_string(t.shape[d]) +
+                    ", the program was exported for at most " + std::to_string(bound[d]) +
+                    " (ExecuTorch plans memory for a dynamic axis up to its export bound: hf-exporters export --max-seq-len raises it)");
+  }
+
   std::unique_ptr<et::Method> load(const char* name, std::vector<std::vector<uint8_t>>& planned) {
     auto meta = program_->method_meta(name);
     if (!meta.ok()) throw Error(path_ + ": the program has no method '" + std::string(name) + "'");
     planned.clear();
     spans_.emplace_back();
     auto& spans = spans_.back();
+    size_t total = 0;
     for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
-      planned.emplace_back(static_cast<size_t>(*meta->memory_planned_buffer_size(i)));
+      auto size = meta->memory_planned_buffer_size(i);
+      if (!size.ok() || *size < 0) throw Error(path_ + ": method '" + std::string(name) + "' has no valid size for its planned buffer " + std::to_string(i));
+      const size_t bytes = static_cast<size_t>(*size);
+      total += bytes;
+      if (total < bytes || larger_than_memory(total))
+        throw Error(path_ + ": method '" + std::string(name) + "' asks for " + (total < bytes ? std::string("more than 2^64") : std::to_string(total)) +
+                    " bytes of planned memory, more than this machine's " + std::to_string(physical_memory()) + " bytes (a corrupt program?)");
+      try {
+        planned.emplace_back(bytes);
+      } catch (const std::bad_alloc&) {
+        throw Error(path_ + ": cannot allocate the " + std::to_string(bytes) + " bytes of planned memory of method '" + std::string(name) + "'");
+      }
       spans.emplace_back(planned.back().data(), planned.back().size());
     }
     planned_allocators_.push_back(std::make_unique<et::HierarchicalAllocator>(et::Span<et::Span<uint8_t>>(spans.data(), spans.size())));
@@ -192,6 +252,7 @@ class ExecutorchPart final : public PartRunner {
   std::vector<std::unique_ptr<et::HierarchicalAllocator>> planned_allocators_;
   std::vector<std::unique_ptr<et::MemoryManager>> managers_;
   std::unique_ptr<et::Method> method_;
+  std::vector<std::vector<int64_t>> bounds_;  // per tensor input, in run()'s order
   size_t skip_outputs_ = 0;
 };
 

@@ -90,6 +90,25 @@ int64_t argmax_last(const Tensor& logits) {
   return best;
 }
 
+/// The largest size axis `axis` of the part's input `name` takes (by the runner's input bounds, in
+/// manifest order); -1 when the runner does not say or the part has no such input.
+int64_t input_bound(const Part& part, const PartRunner& runner, const std::string& name, size_t axis) {
+  const auto bounds = runner.input_bounds();
+  if (bounds.size() != part.inputs.size()) return -1;
+  for (size_t i = 0; i < part.inputs.size(); ++i)
+    if (part.inputs[i].name == name) return axis < bounds[i].size() ? bounds[i][axis] : -1;
+  return -1;
+}
+
+int64_t smaller_known(int64_t a, int64_t b) { return a < 0 ? b : b < 0 ? a : std::min(a, b); }
+
+/// "prompt of N tokens, this folder was exported for at most M (...)": the bound comes from
+/// `hf-exporters export --max-seq-len` (default 128, or the example's length when longer).
+std::string too_long(const std::string& what, int64_t limit, int64_t positions, const std::string& alternative = "") {
+  return what + ", this folder was exported for at most " + std::to_string(limit) + " (re-export with hf-exporters export --max-seq-len " +
+         std::to_string(positions) + " or more" + alternative + ")";
+}
+
 }  // namespace
 
 Generator::Generator(const Manifest& manifest) {
@@ -102,14 +121,24 @@ Generator::Generator(const Manifest& manifest) {
   prefill_ = &prefill;
   prefill_runner_ = load_part(manifest, prefill);
   decode_runner_ = load_part(manifest, decode);
+  prefill_limit_ = smaller_known(input_bound(prefill, *prefill_runner_, "input_ids", 1), input_bound(prefill, *prefill_runner_, "attention_mask", 1));
+  decode_limit_ = input_bound(decode, *decode_runner_, "attention_mask", 1);  // a mask over every position so far
 }
 
 GenerationResult Generator::generate(const std::vector<int64_t>& prompt, int max_new_tokens, int64_t eos_token_id) {
   if (prompt.empty()) throw Error("the prompt has no token ids");
   if (max_new_tokens < 1) throw Error("max_new_tokens must be at least 1");
+  const int64_t length = static_cast<int64_t>(prompt.size());
+  // Checked before running anything: past the bounds, ExecuTorch fails inside execute() with no reason.
+  const int64_t positions = length + max_new_tokens - 1;  // the last decode step's mask covers them all
+  if (prefill_limit_ >= 0 && length > prefill_limit_)
+    throw Error(too_long("prompt of " + std::to_string(length) + " tokens", prefill_limit_, positions));
+  if (max_new_tokens > 1 && decode_limit_ >= 0 && positions > decode_limit_)
+    throw Error(too_long("prompt of " + std::to_string(length) + " tokens and " + std::to_string(max_new_tokens) + " new tokens need " +
+                             std::to_string(positions) + " positions",
+                         decode_limit_, positions, ", or ask for at most " + std::to_string(decode_limit_ - length + 1) + " new tokens"));
   GenerationResult result;
   result.ids = prompt;
-  const int64_t length = static_cast<int64_t>(prompt.size());
   const auto started = std::chrono::steady_clock::now();
   std::vector<Tensor> outputs = prefill_runner_->run({make_int64({1, length}, prompt), make_int64({1, length}, std::vector<int64_t>(prompt.size(), 1))});
   for (int step = 0; step < max_new_tokens; ++step) {

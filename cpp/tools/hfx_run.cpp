@@ -6,12 +6,16 @@
 //           (--warmup: one untimed 2-token generation first, so the runtime's first-run work, such as
 //           XNNPACK packing its weights, is not counted in tokens/s)
 //
-// Exit status: 0 done (and within --atol), 1 an error (one "error: ..." line on stderr),
-// 2 an output differs from --expect beyond --atol. The ExecuTorch runtime's own log lines (CPU
+// Exit status: 0 done (and, with --expect, every output compared and within --atol), 1 an error or a
+// usage error such as a bad flag value (one "error: ..." line on stderr), 2 a parity failure: an
+// output differs from --expect beyond --atol, or an output is missing from the --expect file (one
+// "error: ..." line naming it), or nothing was compared. The ExecuTorch runtime's own log lines (CPU
 // probing, ...) are silenced unless HFX_VERBOSE=1, so stderr holds hfx-run's messages alone.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ext/stdio_filebuf.h>
@@ -30,7 +34,22 @@ namespace {
 
 const char* kUsage =
     "usage: hfx-run DIR --inputs in.safetensors [--part NAME] [--expect out.safetensors [--atol A]] [--output out.safetensors] [--repeat N]\n"
-    "       hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID] [--warmup]\n";
+    "       hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID] [--warmup]\n"
+    "--atol A: a finite number >= 0 (default 1e-3)\n"
+    "exit status: 0 done (with --expect: every output compared and within --atol); 1 an error or a bad flag;\n"
+    "  2 a parity failure: an output beyond --atol, an output missing from the --expect file, or nothing compared\n";
+
+/// A --expect comparison that fails: hfx-run prints "error: ..." and exits with 2.
+class ParityFailure : public hfx::Error {
+ public:
+  using hfx::Error::Error;
+};
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string all;
+  for (const auto& name : names) all += (all.empty() ? "" : ", ") + name;
+  return all;
+}
 
 std::vector<int64_t> parse_ids(const std::string& text) {
   std::vector<int64_t> ids;
@@ -48,15 +67,33 @@ std::vector<int64_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-double parse_number(const std::string& option, const std::string& text) {
+/// A tolerance: a finite number >= 0 (nan, inf and negative values would pass or fail every comparison).
+double parse_tolerance(const std::string& option, const std::string& text) {
+  double value = 0;
   try {
     size_t used = 0;
-    double value = std::stod(text, &used);
+    value = std::stod(text, &used);
     if (used != text.size()) throw std::invalid_argument(text);
-    return value;
   } catch (const std::exception&) {
     throw hfx::Error(option + ": '" + text + "' is not a number");
   }
+  if (!std::isfinite(value) || value < 0) throw hfx::Error(option + ": '" + text + "' is not a tolerance (give a finite number >= 0)");
+  return value;
+}
+
+/// An integer in [lowest, highest] (checked, not cast from a double: "nan" or "1e30" would be undefined).
+int64_t parse_integer(const std::string& option, const std::string& text, int64_t lowest, int64_t highest) {
+  int64_t value = 0;
+  try {
+    size_t used = 0;
+    value = std::stoll(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+  } catch (const std::exception&) {
+    throw hfx::Error(option + ": '" + text + "' is not an integer");
+  }
+  if (value < lowest || value > highest)
+    throw hfx::Error(option + ": " + text + " is out of range (" + std::to_string(lowest) + " to " + std::to_string(highest) + ")");
+  return value;
 }
 
 int run(int argc, char** argv) {
@@ -82,13 +119,13 @@ int run(int argc, char** argv) {
     else if (a == "--part") part = value();
     else if (a == "--expect") expect = value();
     else if (a == "--output") output = value();
-    else if (a == "--atol") atol = parse_number(a, value());
+    else if (a == "--atol") atol = parse_tolerance(a, value());
     else if (a == "--generate") generate = true;
     else if (a == "--warmup") warmup = true;
     else if (a == "--input-ids") input_ids = value();
-    else if (a == "--max-new-tokens") max_new_tokens = static_cast<int>(parse_number(a, value()));
-    else if (a == "--repeat") repeat = static_cast<int>(parse_number(a, value()));
-    else if (a == "--eos-token-id") eos = static_cast<int64_t>(parse_number(a, value()));
+    else if (a == "--max-new-tokens") max_new_tokens = static_cast<int>(parse_integer(a, value(), 1, INT_MAX));
+    else if (a == "--repeat") repeat = static_cast<int>(parse_integer(a, value(), 0, INT_MAX));
+    else if (a == "--eos-token-id") eos = parse_integer(a, value(), -1, INT64_MAX);
     else if (!a.empty() && a[0] == '-') throw hfx::Error("unknown option " + a + "\n" + kUsage);
     else if (directory.empty()) directory = a;
     else throw hfx::Error("unexpected argument " + a);
@@ -121,10 +158,13 @@ int run(int argc, char** argv) {
   int status = 0;
   if (!expect.empty()) {
     const auto expected = hfx::read_safetensors(expect);
+    std::vector<std::string> missing, names;
     for (const auto& [name, tensor] : outputs) {
+      names.push_back(name);
       auto it = expected.find(name);
       if (it == expected.end()) {
         std::printf("%s: not in %s\n", name.c_str(), expect.c_str());
+        missing.push_back(name);
         continue;
       }
       const double diff = hfx::max_abs_diff(tensor, it->second);
@@ -132,6 +172,13 @@ int run(int argc, char** argv) {
       std::printf("%s: max abs diff %.3g %s\n", name.c_str(), diff, ok ? "ok" : "FAIL");
       if (!ok) status = 2;
     }
+    std::fflush(stdout);
+    if (outputs.empty()) throw ParityFailure("nothing compared: the part returned no outputs to compare with " + expect);
+    if (missing.size() == outputs.size())
+      throw ParityFailure("nothing compared: none of the " + std::to_string(outputs.size()) + " outputs (" + joined(names) + ") is in " + expect);
+    if (!missing.empty())
+      throw ParityFailure((missing.size() == 1 ? "output " + missing[0] + " is" : "outputs " + joined(missing) + " are") + " not in " + expect +
+                          " (" + std::to_string(missing.size()) + " of " + std::to_string(outputs.size()) + " outputs not compared)");
     std::printf("%s (atol %.3g)\n", status == 0 ? "all outputs within tolerance" : "outputs differ beyond tolerance", atol);
   } else {
     for (const auto& [name, tensor] : outputs) {
@@ -159,6 +206,10 @@ int main(int argc, char** argv) {
   std::ostream err(&buffer);
   try {
     return run(argc, argv);
+  } catch (const ParityFailure& e) {
+    err << "error: " << e.what() << "\n";
+    err.flush();
+    return 2;
   } catch (const std::exception& e) {
     err << "error: " << e.what() << "\n";
     err.flush();

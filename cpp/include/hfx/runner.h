@@ -17,6 +17,10 @@ class PartRunner {
  public:
   virtual ~PartRunner() = default;
   virtual std::vector<Tensor> run(const std::vector<Tensor>& inputs) = 0;
+  /// The largest shape each tensor input accepts, in the order run() takes them: a dynamic axis at the
+  /// bound the program was exported with (ExecuTorch plans memory for it; `hf-exporters export
+  /// --max-seq-len`). Empty when the runtime does not say (AOTInductor).
+  virtual std::vector<std::vector<int64_t>> input_bounds() const { return {}; }
 };
 
 /// Load `part` with its runtime: ExecuTorch for a .pte, libtorch's AOTInductor package loader for an
@@ -29,7 +33,8 @@ std::unique_ptr<PartRunner> load_part(const Manifest& manifest, const Part& part
 std::unique_ptr<PartRunner> load_aoti(const std::filesystem::path& path);
 
 /// Load a .pte file with the ExecuTorch runtime (its `forward` method). Throws hfx::Error when the
-/// file is not a valid program or the method cannot be loaded.
+/// file is not a valid program or the method cannot be loaded; its run() throws hfx::Error, before
+/// executing, for an input with another rank or an axis past input_bounds().
 std::unique_ptr<PartRunner> load_executorch(const std::filesystem::path& path);
 
 /// The folder's single forward part (a single export, or the folder's `part` when given) run on
@@ -56,11 +61,14 @@ class Generator {
  private:
   const Part* prefill_ = nullptr;
   std::unique_ptr<PartRunner> prefill_runner_, decode_runner_;
+  int64_t prefill_limit_ = -1;  // the longest prompt the prefill part takes (-1: the runtime does not say)
+  int64_t decode_limit_ = -1;   // the most positions (prompt and new tokens) the decode part's mask takes
 };
 
 /// Greedy generation from a decoder-only generation folder (prefill and decode parts over a dynamic
 /// cache): `prompt` token ids, up to `max_new_tokens` new ones (stops early at `eos_token_id` >= 0).
-/// Throws hfx::Error for a folder of another kind (encoder-decoder, static cache) or an empty prompt.
+/// Throws hfx::Error for a folder of another kind (encoder-decoder, static cache), an empty prompt, or,
+/// before running anything, a prompt (or prompt and new tokens) longer than the parts were exported for.
 GenerationResult generate_greedy(const Manifest& manifest, const std::vector<int64_t>& prompt, int max_new_tokens,
                                  int64_t eos_token_id = -1);
 
