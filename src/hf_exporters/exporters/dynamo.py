@@ -13,6 +13,7 @@ import torch
 
 from .. import registry
 from ..config import DynamoConfig
+from ..folders import AOTI_SUFFIX
 from ..pytree import materialize_caches, register_model_pytrees
 from ..runtime.torch_runner import ExportedProgramRunner
 from ..shapes import StaticAxis, auto_dynamic_shapes, size_oblivious_sizes, static_axes
@@ -65,10 +66,6 @@ def load_exported_program(path: str | os.PathLike[str], model_class: str | None 
         return torch.export.load(str(path))
 
 
-#: file-name ending of an AOTInductor package written by :meth:`DynamoExporter.compile_aoti`
-AOTI_SUFFIX = ".aoti.pt2"
-
-
 def _is_data_dependent(error: BaseException) -> bool:
     """Whether ``error``, or an error it was raised from, is a guard on data (``GuardOnDataDependentSymNode``)."""
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -115,15 +112,6 @@ class DynamoExporter:
         self.size_oblivious = False
         #: the ExportedProgram of the last export (the traced graph every backend starts from)
         self.exported_program: torch.export.ExportedProgram | None = None
-
-    def export_for_generation(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any = None) -> dict[str, Any]:
-        """Export each part a generation loop needs (prefill, decode, encoder, ...) with this backend.
-
-        Returns ``{part name: native artifact}``; see :mod:`hf_exporters.generation`.
-        """
-        from ..generation import export_for_generation
-
-        return export_for_generation(self, model, inputs, config)
 
     def graph_output_names(self, program: Any) -> list[str] | None:
         """The artifact's own names of its outputs, in order, where they differ from the model's

@@ -1,0 +1,323 @@
+"""The generation folder: export every part, write the folder and its ``export.json``, read it back.
+
+- :func:`export_for_generation`: export each :class:`~hf_exporters.generation.parts.GenerationPart` with
+  one exporter; returns :class:`GenerationArtifacts`.
+- :meth:`GenerationArtifacts.save_pretrained`: write each part's file, the configs, the tokenizer and
+  the manifest, checking each saved part against eager (staged, then moved into place; see
+  :mod:`hf_exporters.folders`).
+- :func:`export_generation_folder`: both, from a checkpoint folder (``hf-exporters export --task text-generation``).
+- :func:`read_manifest`: read and check a generation folder's ``export.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoints import load_preprocessor, load_pretrained, read_config
+from ..errors import InputError, ManifestError, ParityError
+from ..folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder
+from ..pipeline import describe_tensors, dynamic_axes, library_versions, make_config, make_exporter
+from ..runtime.compare import compare_leaves, raise_if_eager_nonfinite
+from ..shapes import tensor_leaves
+from .parts import GenerationPart, build_parts, relaxed_shapes
+
+#: version of the ``export.json`` layout of a generation folder; readers refuse other versions
+GENERATION_SCHEMA_VERSION = 1
+#: relative part of a part's parity tolerance: outputs may differ by ``atol + PARITY_RTOL * max|eager output|``
+PARITY_RTOL = 1e-5
+#: the roles a generation folder's parts play (``export.json`` ``parts.<name>.role``)
+PART_ROLES = ("encoder", "prefill", "decode")
+
+
+class GenerationArtifacts(dict):
+    """``{part name: native artifact}`` (``ExportedProgram``, ``ONNXProgram`` or ``ExecutorchProgramManager``)
+    returned by :func:`export_for_generation`, with what is needed to write the artifact folder.
+
+    Attributes:
+        exporter: the exporter that produced the artifacts.
+        parts: ``{part name: GenerationPart}``.
+        model: the eager model (its config, generation config, and the reference for parity).
+        dynamic_axes: ``{part name: {input name: [axes]}}`` symbolic in each exported program.
+    """
+
+    def __init__(self, exporter: Any, model: torch.nn.Module, parts: dict[str, GenerationPart], artifacts: dict[str, Any], dynamic_axes: dict[str, Any]):
+        super().__init__(artifacts)
+        self.exporter = exporter
+        self.model = model
+        self.parts = parts
+        self.dynamic_axes = dynamic_axes
+        self.export_seconds: dict[str, float] = {}
+
+    def save_pretrained(
+        self,
+        directory: str | os.PathLike[str],
+        preprocessor: Any = None,
+        validate: bool = True,
+        overwrite: bool = True,
+        source_model: str | None = None,
+        aoti: bool = False,
+    ) -> dict[str, Any]:
+        """Write every part's file (``<part>/<artifact name>``), ``config.json``, ``generation_config.json``,
+        the tokenizer or processor files (when ``preprocessor`` is given) and ``export.json``.
+
+        With ``validate``, each saved part is run in the backend's runtime on its example inputs and
+        compared with the eager module (max abs difference, recorded as ``parity``; the tolerance is the
+        exporter's ``default_atol`` plus :data:`PARITY_RTOL` times the largest eager output value).
+        The folder is written beside the target and moved into place at the end.
+
+        With ``aoti`` (dynamo only), each part is also compiled into an AOTInductor package
+        (``<part>/model.aoti.pt2``, the part's ``aoti_package`` in the manifest) for the C++ runner, and
+        checked like the part when ``validate``.
+
+        Returns:
+            the manifest written.
+
+        Raises:
+            InputError: ``directory`` exists, is not empty and ``overwrite`` is False; ``aoti`` for another backend.
+            ParityError: a part's outputs differ from eager beyond the exporter's ``default_atol``.
+            ExportStageError: the AOTInductor compile failed.
+        """
+        out = Path(directory)
+        check_output_folder(out, overwrite)
+        if aoti and self.exporter.name != "dynamo":
+            raise InputError(f"aoti compiles the dynamo backend's programs; these parts were exported with {self.exporter.name!r}")
+        manifest: dict[str, Any] = {}
+        with staged_folder(out, manifest) as staging:
+            parts_manifest: dict[str, Any] = {}
+            for name, artifact in self.items():
+                part = self.parts[name]
+                folder = staging / name
+                folder.mkdir()
+                path = self.exporter.save(artifact, folder)
+                files = sorted(str(p.relative_to(staging)) for p in folder.rglob("*") if p.is_file())
+                entry: dict[str, Any] = {
+                    "role": part.role,
+                    "file": str(path.relative_to(staging)),
+                    "files": files,
+                    "inputs": _describe_inputs(part.inputs),
+                    "outputs": part.output_names,
+                    "dynamic_axes": self.dynamic_axes.get(name, {}),
+                    "cache": part.cache,
+                    **({"extra": part.extra} if part.extra else {}),
+                    "export_seconds": round(self.export_seconds.get(name, 0.0), 3),
+                }
+                checked = [path]
+                if aoti:
+                    package = self.exporter.compile_aoti(artifact, folder / ("model" + AOTI_SUFFIX))
+                    entry["aoti_package"] = str(package.relative_to(staging))
+                    entry["files"] = sorted(str(p.relative_to(staging)) for p in folder.rglob("*") if p.is_file())
+                    checked.append(package)
+                for path_checked in checked if validate else []:
+                    runner = self.exporter.load_runner(path_checked)
+                    with torch.no_grad():
+                        expected = part.module(**_copy_inputs(part.inputs))
+                    expected = list(expected) if isinstance(expected, tuple) else [expected]
+                    actual = [torch.as_tensor(a) for a in runner(_copy_inputs(part.inputs))]
+                    diffs = compare_leaves(list(zip(part.output_names, expected)), actual, self.exporter.default_atol)
+                    worst = max((d.max_abs_diff for d in diffs), default=0.0)
+                    # float32 rounding grows with the values' size (logits of tens): atol + rtol * max|eager|
+                    scale = max((float(e.abs().max()) for e in expected if isinstance(e, torch.Tensor) and e.numel()), default=0.0)
+                    limit = self.exporter.default_atol + PARITY_RTOL * scale
+                    ok = all(not d.nonfinite and d.max_abs_diff <= limit for d in diffs) and len(actual) == len(expected)
+                    entry["aoti_parity" if path_checked != path else "parity"] = {
+                        "atol": self.exporter.default_atol, "rtol": PARITY_RTOL, "max_abs_eager": scale, "max_abs_diff": worst, "ok": ok
+                    }
+                    if not ok:
+                        failing = [d.name for d in diffs if d.nonfinite or d.max_abs_diff > limit]
+                        raise_if_eager_nonfinite(list(zip(part.output_names, expected)), failing)
+                        raise ParityError(
+                            f"part {name!r}{' (AOTInductor package)' if path_checked != path else ''}: outputs differ from eager beyond atol {self.exporter.default_atol} + "
+                            f"rtol {PARITY_RTOL} x max|eager| {scale:.3g} (max abs diff {worst:.3g}; {len(actual)} outputs vs {len(expected)} expected)"
+                        )
+                parts_manifest[name] = entry
+            self.model.config.save_pretrained(staging)
+            self.model.generation_config.save_pretrained(staging)
+            if preprocessor is not None:
+                preprocessor.save_pretrained(staging)
+            manifest.update(
+                {
+                    "schema_version": GENERATION_SCHEMA_VERSION,
+                    "kind": "generation",
+                    "backend": self.exporter.name,
+                    "recipe": getattr(getattr(self.exporter, "config", None), "backend", None),
+                    "model_class": type(self.model).__name__,
+                    "is_encoder_decoder": bool(getattr(self.model.config, "is_encoder_decoder", False)),
+                    "source_model": source_model,
+                    "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "versions": library_versions(),
+                    "parts": parts_manifest,
+                }
+            )
+        return manifest
+
+
+def _describe_inputs(inputs: dict[str, Any]) -> list[dict[str, Any]]:
+    return describe_tensors(tensor_leaves(inputs))
+
+
+def _copy_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    return {k: ([t.clone() for t in v] if isinstance(v, list) else v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def _widen_batch(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """``inputs`` with a batch of 1 repeated to a batch of 2 (every tensor whose leading size is the batch).
+
+    The examples only drive the trace. From a batch-1 example, size-oblivious sizes keep the batch
+    symbolic but torch.export then solves reshapes such as ``view(batch, seq, -1, head_dim)`` to head
+    counts like ``4 // batch`` (seen with Mistral and Gemma3), which the ONNX SDPA lowering refuses and
+    which would fix the batch of later graphs; a batch of 2 gives plain head counts.
+    """
+    ids = inputs.get("input_ids", inputs.get("input_features", inputs.get("inputs_embeds")))
+    if not isinstance(ids, torch.Tensor) or ids.dim() == 0 or ids.shape[0] != 1:
+        return dict(inputs)
+    return {k: (v.repeat(2, *([1] * (v.dim() - 1))) if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == 1 else v) for k, v in inputs.items()}
+
+
+def export_for_generation(exporter: Any, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any = None, generation_config: Any = None) -> GenerationArtifacts:
+    """Export each part of ``model``'s generation loop with ``exporter`` (dynamic batch, sequence and cache axes).
+
+    Args:
+        exporter: a ``DynamoExporter``, ``OnnxExporter`` or ``ExecutorchExporter``.
+        model: a transformers generative model.
+        inputs: ``generate()`` keyword arguments (``input_ids (B, T)``, ``attention_mask (B, T)``, ...).
+        config: the exporter's config (``dynamic_shapes`` is set per part; other fields are kept).
+        generation_config: optional ``GenerationConfig``; ``cache_implementation="static"`` with
+            ``max_cache_len`` exports the static-cache decode graph.
+
+    A batch of 1 in ``inputs`` is repeated to a batch of 2 for the trace (see :func:`_widen_batch`);
+    the graphs take any batch size.
+
+    Returns:
+        a :class:`GenerationArtifacts`: ``{part name: native artifact}`` with ``save_pretrained(dir)``.
+
+    Raises:
+        InputError: ``generate()`` cannot run on ``inputs`` or the model kind is not supported.
+        ExportStageError: exporting a part failed (the message names the stage).
+    """
+    parts = build_parts(model, _widen_batch(inputs), generation_config)
+    base = config if config is not None else exporter.config_class()
+    artifacts: dict[str, Any] = {}
+    axes: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    for name, part in parts.items():
+        part.dynamic_shapes = relaxed_shapes(part.dynamic_shapes, part.inputs)
+        part_config = dataclasses.replace(base, dynamic=True, dynamic_shapes=part.dynamic_shapes)
+        if hasattr(part_config, "output_path"):
+            part_config.output_path = None
+        started = time.perf_counter()
+        artifacts[name] = exporter.export(part.module, _copy_inputs(part.inputs), part_config)
+        seconds[name] = time.perf_counter() - started
+        if exporter.exported_program is not None:
+            axes[name] = dynamic_axes(exporter.exported_program, part.inputs)
+    result = GenerationArtifacts(exporter, model, parts, artifacts, axes)
+    result.export_seconds = seconds
+    return result
+
+
+def export_generation_folder(
+    model_path: str | os.PathLike[str],
+    backend: str,
+    output: str | os.PathLike[str],
+    *,
+    recipe: str | None = None,
+    validate: bool = True,
+    overwrite: bool = False,
+    prompt: str = "Exported models should give the same tokens",
+    aoti: bool = False,
+    allow_random_weights: bool = False,
+    max_seq_len: int | None = None,
+) -> dict[str, Any]:
+    """Load the checkpoint folder ``model_path``, export its generation parts with ``backend`` and write ``output``.
+
+    The example inputs are the tokenizer's encoding of ``prompt`` (or 8 token ids when the folder has
+    no tokenizer). Used by ``hf-exporters export --task text-generation`` / ``text2text-generation``.
+
+    Returns:
+        the manifest written.
+
+    Raises:
+        InputError: the folder cannot be loaded, transformers initialised some of its weights at random
+            (unless ``allow_random_weights``; a base-model checkpoint has no ``lm_head``), or ``output``
+            exists and is not empty (without ``overwrite``).
+        ExportStageError, ParityError: as :func:`export_for_generation` and :meth:`GenerationArtifacts.save_pretrained`.
+    """
+    import transformers
+
+    out = Path(output)
+    path = Path(model_path)
+    check_output_folder(out, overwrite, source=path)
+    config = read_config(path)
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    auto = transformers.AutoModelForSeq2SeqLM if seq2seq else transformers.AutoModelForCausalLM
+    task = "text2text-generation" if seq2seq else "text-generation"
+    model = load_pretrained(auto, path, f"task {task!r}", allow_random_weights)
+    preprocessor = load_preprocessor(path)
+    if preprocessor is not None:
+        inputs = dict(preprocessor([prompt], return_tensors="pt"))
+    else:
+        vocab = config.get_text_config().vocab_size
+        ids = torch.arange(1, 9).remainder(vocab).unsqueeze(0)
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    exporter = make_exporter(backend)
+    artifacts = export_for_generation(exporter, model, inputs, make_config(exporter, True, recipe, max_seq_len))
+    return artifacts.save_pretrained(
+        out, preprocessor=preprocessor, validate=validate, overwrite=overwrite, source_model=str(path.resolve()), aoti=aoti
+    )
+
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and check a generation folder's ``export.json``.
+
+    Raises:
+        ManifestError: the folder or manifest is missing or unreadable, the schema version is unknown,
+            it is not a generation folder, a part's file is missing, or a path leaves the folder.
+    """
+    root = Path(directory)
+    path = root / MANIFEST_NAME
+    if not path.is_file():
+        raise ManifestError(f"{root} is not an exported generation folder: {MANIFEST_NAME} is missing")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ManifestError(f"{path} cannot be read: {error}") from error
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"{path} is not a JSON object")
+    version = manifest.get("schema_version")
+    if version != GENERATION_SCHEMA_VERSION:
+        raise ManifestError(f"{path}: unknown schema_version {version!r} (this version of hf-exporters reads {GENERATION_SCHEMA_VERSION})")
+    parts = manifest.get("parts")
+    if manifest.get("kind") != "generation" or not isinstance(parts, dict) or not parts:
+        raise ManifestError(f"{path} does not describe a generation export (no 'parts'); export with --task text-generation")
+    resolved_root = root.resolve()
+    for name, part in parts.items():
+        if not isinstance(part, dict):
+            raise ManifestError(f"{path}: part {name!r} is not a JSON object")
+        if part.get("role") not in PART_ROLES:
+            raise ManifestError(f"{path}: part {name!r} has an unknown role {part.get('role')!r} (known: {', '.join(PART_ROLES)})")
+    roles = [part["role"] for part in parts.values()]
+    if len(set(roles)) != len(roles):
+        raise ManifestError(f"{path}: two parts share a role ({', '.join(sorted(r for r in set(roles) if roles.count(r) > 1))})")
+    for role in ("prefill", "decode"):
+        if role not in roles:
+            raise ManifestError(f"{path}: no part has the role {role!r}; a generation folder needs a prefill and a decode part")
+    for name, part in parts.items():
+        for rel in [part.get("file"), *part.get("files", [])]:
+            if not isinstance(rel, str) or not rel:
+                raise ManifestError(f"{path}: part {name!r} has no file")
+            target = (root / rel).resolve()
+            if Path(rel).is_absolute() or not target.is_relative_to(resolved_root):
+                raise ManifestError(f"{path}: part {name!r} names a path outside the folder: {rel!r}")
+            if not target.is_file():
+                raise ManifestError(f"{path}: part {name!r}: file {rel!r} is missing")
+    return manifest
+

@@ -1,0 +1,223 @@
+"""Step modules: one ``torch.nn.Module`` per graph of the generation loop, each taking and returning
+its cache as a flat tensor list (:mod:`hf_exporters.generation.cache_layout`).
+
+- :class:`DecoderStep`: a decoder-only step over a dynamic (or hybrid) cache: prefill and decode.
+- :class:`MultimodalPrefillStep`: the prefill of a decoder-only multimodal model, given its encoder's features.
+- :class:`ModalityEncoderStep`: a multimodal model's encoder for one modality (``get_<modality>_features``).
+- :class:`StaticDecoderStep`: a decoder-only step over a fixed-size ``StaticCache``.
+- :class:`EncoderStep`: the encoder of an encoder-decoder model.
+- :class:`Seq2SeqDecoderStep`: a decoder step of an encoder-decoder model.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from .cache_layout import dynamic_cache, flat_cache, flat_hybrid, hybrid_cache, hybrid_schema
+
+
+def _accepts(module: torch.nn.Module, name: str) -> bool:
+    parameters = inspect.signature(module.forward).parameters
+    return name in parameters or any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values()) and name in (
+        "logits_to_keep",
+    )
+
+
+def _position_ids(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Positions as ``generate()`` computes them from a (left-padded) mask: ``(B, length)``."""
+    positions = attention_mask.long().cumsum(-1) - 1
+    positions = positions.masked_fill(attention_mask == 0, 1)
+    return positions[:, -length:]
+
+
+class DecoderStep(torch.nn.Module):
+    """A decoder-only model step over a flat ``DynamicCache``: ``(input_ids (B, q), attention_mask (B, P + q),
+    past_key_values [2L x (B, H, P, D)] or None) -> (logits (B, V), *present [2L x (B, H, P + q, D)])``.
+
+    For a state-space or hybrid model (``hybrid``) the flat list follows ``schema``: per layer, keys and
+    values (B, H, P, D) of an attention part, then each convolution state (B, channels, kernel) and
+    state-space state (B, ...) of a recurrent part, fixed in size from step to step."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        self._positions = _accepts(model, "position_ids")
+        self._keep = _accepts(model, "logits_to_keep")
+        #: set for a hybrid model (recurrent and attention layers): the cache is built from the config,
+        #: and the flat tensors follow this schema (:func:`hybrid_schema`), read off the eager prefill
+        self.hybrid = False
+        self.schema: list[dict[str, Any]] | None = None
+        #: the forward argument (and output field) that carries the cache: ``cache_params`` for the
+        #: state-space models (Mamba, Mamba-2, FalconMamba)
+        self.cache_name = "past_key_values"
+        #: whether the model takes the attention mask on decode steps: the state-space models
+        #: (``cache_params``: Mamba, Mamba-2, FalconMamba) take None there, as their
+        #: ``prepare_inputs_for_generation`` gives (their padding mask applies to the prompt only), and
+        #: a (B, P + 1) mask would be applied to the one new token's states. Not read off the example's
+        #: decode call: ``generate()`` drops an all-ones mask for every model
+        self.decode_mask = True
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key_values: list[torch.Tensor] | None = None):
+        return self._step(input_ids, attention_mask, past_key_values)
+
+    def _step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past_key_values: list[torch.Tensor] | None, **extra: Any):
+        if self.hybrid:
+            cache = hybrid_cache(self.config, self.schema or [], past_key_values)
+        else:
+            cache = dynamic_cache(past_key_values)
+        kwargs: dict[str, Any] = {
+            "input_ids": input_ids,
+            # the graph keeps the (B, P + 1) mask input on a decode step without a mask: the positions
+            # still come from it, and the model does not read it
+            "attention_mask": attention_mask if past_key_values is None or self.decode_mask else None,
+            self.cache_name: cache,
+            "use_cache": True,
+            **extra,
+        }
+        if self._positions:
+            kwargs["position_ids"] = _position_ids(attention_mask, input_ids.shape[1])
+        if self._keep:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs)
+        if self.hybrid:
+            returned = getattr(out, self.cache_name)
+            if self.schema is None:
+                self.schema = hybrid_schema(returned)
+            return (out.logits[:, -1, :], *flat_hybrid(returned, self.schema))
+        return (out.logits[:, -1, :], *flat_cache(out.past_key_values))
+
+
+class MultimodalPrefillStep(DecoderStep):
+    """The prefill step of a decoder-only multimodal model (LLaVA, ...) given its encoder's features:
+    ``(input_ids (B, T), attention_mask (B, T), <modality>_features (N, E)) -> (logits (B, V), *present)``.
+
+    ``input_ids`` hold one placeholder token per feature row; the model puts the features in their
+    place (``mm_encoder_outputs``, transformers' interface for precomputed encoder outputs), so the
+    graph has no vision or audio tower in it. ``N`` is the number of placeholder tokens in the batch.
+    """
+
+    def __init__(self, model: torch.nn.Module, modality: str):
+        super().__init__(model)
+        self.modality = modality
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor):  # type: ignore[override]
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        outputs = {self.modality: BaseModelOutputWithPooling(pooler_output=[features])}
+        return self._step(input_ids, attention_mask, None, mm_encoder_outputs=outputs)
+
+
+class ModalityEncoderStep(torch.nn.Module):
+    """A multimodal model's encoder for one modality, projector included: ``get_<modality>_features``.
+
+    ``(pixel_values (B, C, H, W), ...) -> features (N, E)``: the rows of every item, in batch order,
+    in the language model's hidden size ``E`` (one row per placeholder token of the prompt).
+    """
+
+    def __init__(self, model: torch.nn.Module, getter: str):
+        super().__init__()
+        self.model = model
+        self.getter = getter
+
+    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        out = getattr(self.model, self.getter)(**inputs, return_dict=True)
+        features = getattr(out, "pooler_output", out)
+        if isinstance(features, (list, tuple)):
+            features = torch.cat(list(features), dim=0)
+        return features.reshape(-1, features.shape[-1])
+
+
+class StaticDecoderStep(torch.nn.Module):
+    """A decoder-only model step over a flat ``StaticCache`` of ``max_cache_len`` positions:
+    ``(input_ids (B, q), attention_mask (B, M), cache_position (q,), past_key_values [2L x (B, H, M, D)])
+    -> (logits (B, V), *updated caches [2L x (B, H, M, D)])``."""
+
+    def __init__(self, model: torch.nn.Module, max_cache_len: int):
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        self.max_cache_len = max_cache_len
+        self._positions = _accepts(model, "position_ids")
+        self._keep = _accepts(model, "logits_to_keep")
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache_position: torch.Tensor, past_key_values: list[torch.Tensor]):
+        from transformers.cache_utils import StaticCache
+
+        cache = StaticCache(config=self.config, max_cache_len=self.max_cache_len)
+        for layer, i in zip(cache.layers, range(0, len(past_key_values), 2)):
+            layer.batch_size, layer.num_heads = past_key_values[i].shape[0], past_key_values[i].shape[1]
+            layer.k_head_dim, layer.v_head_dim = past_key_values[i].shape[-1], past_key_values[i + 1].shape[-1]
+            layer.dtype, layer.device = past_key_values[i].dtype, past_key_values[i].device
+            layer.keys, layer.values = past_key_values[i].clone(), past_key_values[i + 1].clone()
+            # the layer writes at cumulative_length .. + q (a tensor it advances in place)
+            layer.cumulative_length = cache_position[0].clone()
+            layer.is_initialized = True
+        kwargs: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "cache_position": cache_position,
+            "past_key_values": cache,
+            "use_cache": True,
+        }
+        if self._positions:
+            positions = attention_mask.long().cumsum(-1) - 1
+            kwargs["position_ids"] = positions.masked_fill(attention_mask == 0, 1).index_select(1, cache_position)
+        if self._keep:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs)
+        return (out.logits[:, -1, :], *flat_cache(out.past_key_values))
+
+
+class EncoderStep(torch.nn.Module):
+    """The encoder of an encoder-decoder model: ``(**encoder inputs) -> encoder_hidden_states (B, S, E)``."""
+
+    def __init__(self, encoder: torch.nn.Module):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        return self.encoder(**inputs, return_dict=True).last_hidden_state
+
+
+class Seq2SeqDecoderStep(torch.nn.Module):
+    """A decoder step of an encoder-decoder model over a flat ``EncoderDecoderCache``:
+    ``(decoder_input_ids (B, q), encoder_hidden_states (B, S, E), attention_mask (B, S) or None,
+    past_key_values [2L self (B, H, P, D)] + [2L cross (B, H, S, D)] or None)
+    -> (logits (B, V), *self caches (B, H, P + q, D), *cross caches)``."""
+
+    def __init__(self, model: torch.nn.Module, encoder_output_class: type | None = None):
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        # the class the model's own encoder returns (Moonshine's carries an attention_mask field the
+        # decoder reads); its other fields stay None
+        self.encoder_output_class = encoder_output_class
+
+    def forward(
+        self,
+        decoder_input_ids: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: list[torch.Tensor] | None = None,
+    ):
+        from transformers.cache_utils import EncoderDecoderCache
+        from transformers.modeling_outputs import BaseModelOutput
+
+        flat = past_key_values or []
+        half = len(flat) // 2
+        cache = EncoderDecoderCache(dynamic_cache(flat[:half] or None), dynamic_cache(flat[half:] or None))
+        kwargs: dict[str, Any] = {
+            "decoder_input_ids": decoder_input_ids,
+            "encoder_outputs": (self.encoder_output_class or BaseModelOutput)(last_hidden_state=encoder_hidden_states),
+            "past_key_values": cache,
+            "use_cache": True,
+        }
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        out = self.model(**kwargs)
+        return (out.logits[:, -1, :], *flat_cache(out.past_key_values))
+
