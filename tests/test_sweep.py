@@ -201,16 +201,18 @@ def test_tiny_models_have_no_tied_scores_from_their_init(tmp_path: Path) -> None
     assert parity.ok and parity.max_abs_diff < 1e-5
 
     detr = build_model("RTDetrModel")
-    norms = [m.weight for m in detr.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    modules = [m for m in detr.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    norms = [m.weight for m in modules]
     assert norms and all(bool((w == 1).all()) for w in norms)
     with torch.no_grad():
         scores = detr(**build_inputs(detr)).enc_topk_logits
     assert torch.unique(scores).numel() > scores.numel() // 2  # was one value, the bias, everywhere
     with torch.no_grad():
-        for w in norms:
-            w.normal_(0.0, 0.02)
+        for module in modules:  # the init's scales and statistics (the builder calibrates the statistics)
+            module.weight.normal_(0.0, 0.02)
+            module.reset_running_stats()
         scores = detr(**build_inputs(detr)).enc_topk_logits
-    assert torch.unique(scores).numel() == 1
+    assert float((scores.amax(dim=1) - scores.amin(dim=1)).max()) < 1e-3  # features vanish: every anchor scores alike
 
     # D-FINE's HGNetV2 convolutions, drawn from N(0, 0.02), vanish the signal the same way
     dfine = build_model("DFineModel")
@@ -224,8 +226,11 @@ def test_tiny_models_have_no_tied_scores_from_their_init(tmp_path: Path) -> None
     with torch.no_grad():
         for w in convs:
             w.copy_(torch.randn(w.shape, generator=generator) * 0.02)
+        for module in dfine.modules():  # the init's statistics too (the builder calibrates them)
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.reset_running_stats()
         scores = dfine(**inputs).enc_topk_logits
-    assert torch.unique(scores).numel() == 1
+    assert float((scores.amax(dim=1) - scores.amin(dim=1)).max()) < 1e-3  # features vanish: every anchor scores alike
     assert "d_fine" in VANISHING_CONVOLUTIONS and "rt_detr" not in VANISHING_CONVOLUTIONS
 
 
@@ -681,14 +686,17 @@ def test_reports_from_a_synthetic_results_file(tmp_path: Path) -> None:
     ]
     summary = report.write_reports(tmp_path, records, {"classes_total": 10, "base_classes_total": 5, "versions": {"transformers": "x"}})
     ours = summary["groups"]["ours|onnx|static"]
-    assert (ours["total"], ours["pass"], ours["skip"], ours["fail"]) == (4, 2, 1, 1)
+    assert (ours["selected"], ours["total"], ours["pass"], ours["skip"], ours["fail"], ours["not_run"]) == (4, 4, 2, 1, 1, 0)
     assert ours["failures_by_stage"] == {"timeout": 1} and ours["pass_rate"] == 0.5
+    upstream = summary["groups"]["upstream|onnx|static"]  # C has no upstream record: not run, still counted
+    assert (upstream["selected"], upstream["pass"], upstream["not_run_classes"]) == (4, 2, ["C"])
     assert summary["engine_differences"] == {
         "ours_pass_upstream_fails": ["A (onnx, static)"],
         "upstream_pass_ours_fails": ["D (onnx, static)"],
     }
     text = (tmp_path / "report.md").read_text()
-    assert "| ours | onnx | static | 4 | 2 | 1 | 1 | 50.0% |" in text and "data-dependent guard" in text
+    assert "| ours | onnx | static | 2 / 4 | 50.0% | 1 | 1 | 0 | 0 | timeout 1 |" in text and "data-dependent guard" in text
+    assert "| upstream | onnx | static | 2 / 4 | 50.0% | 0 | 1 | 0 | 1 | exporter trace 1 |" in text
     assert (tmp_path / "pass_rates.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert json.loads((tmp_path / "summary.json").read_text())["classes_run"] == 4
     # a dynamic pass without a second input set is named in the report
@@ -797,7 +805,7 @@ def test_generation_rows_have_their_own_group_in_the_reports(tmp_path: Path) -> 
     assert summary["groups"]["ours|onnx|dynamic"]["pass"] == 1
     generation = summary["groups"]["ours|onnx|generation"]
     assert (generation["total"], generation["fail"], generation["failures_by_stage"]) == (1, 1, {"parity": 1})
-    assert "| ours | onnx | generation | 1 | 0 | 0 | 1 | 0.0% | parity 1 |" in (tmp_path / "report.md").read_text()
+    assert "| ours | onnx | generation | 0 / 1 | 0.0% | 0 | 1 | 0 | 0 | parity 1 |" in (tmp_path / "report.md").read_text()
     assert classify("ParityError: token ids differ from eager generate() (shapes [2, 16] vs [2, 16]; first 9 positions equal)") == "token id mismatch"
 
 
@@ -867,3 +875,187 @@ def test_a_model_without_forward_is_named_so():
         build_inputs(build_model("BarkModel"))  # generate-only: its sub-models have forwards, it has none
     assert str(caught.value) == "BarkModel defines no forward (it is called through other methods, e.g. generate or encode)"
     assert classify(f"InputError: {caught.value}") == "no forward"
+
+
+# ── Signal: no vacuous passes ────────────────────────────────────────────────
+
+
+class _Scaled(torch.nn.Module):
+    """``features -> scale * proj(features)`` (+ ``offset``): a healthy model at scale 1, one whose outputs vanish
+    (about 1e-20, as a tiny MobileNet's reach 1e-28) at scale 1e-20, and one that ignores its input at scale 0."""
+
+    def __init__(self, scale: float, offset: float = 0.0):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.scale, self.offset = scale, offset
+
+    def forward(self, features: torch.Tensor) -> dict[str, torch.Tensor]:
+        hidden = self.proj(features) * self.scale + self.offset
+        return {"last_hidden_state": hidden, "pooled": hidden.mean(dim=1)}
+
+
+def _tiny_job(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, extra: dict | None = None) -> None:
+    """Make ``run_job`` build ``model`` and draw its inputs from the seed, whatever the class named."""
+    from hf_exporters.sweep import inputs as sweep_inputs
+    from hf_exporters.sweep import job
+
+    torch.manual_seed(0)
+    model.eval()
+    monkeypatch.setattr(job, "build_model", lambda name, use_cache=False: model)
+
+    def draw(_model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+        return {"features": torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(seed)), **(extra or {})}
+
+    monkeypatch.setattr(sweep_inputs, "build_inputs", draw)
+
+
+def test_a_model_whose_outputs_carry_no_signal_is_a_degenerate_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outputs of about 1e-20 pass any parity check (an artifact returning zeros would too): the job is the setup
+    failure ``degenerate model`` at stage ``signal``, with the figures it was judged on; so is a model whose output
+    does not change with its input. A healthy model passes, its figures and relative error recorded."""
+    from hf_exporters.sweep.signal_check import SIGNAL_FLOOR
+
+    _tiny_job(monkeypatch, _Scaled(1e-20))
+    record = run_job({"class": "Vanishing", "backend": "dynamo", "dynamic": False})
+    assert (record["outcome"], record["stage"], record["kind"]) == ("fail", "signal", "degenerate model"), record
+    assert record["message"].startswith("degenerate model: outputs below 0.01 in magnitude: last_hidden_state (max |x| ")
+    signal_figures = record["signal"]
+    assert signal_figures["ok"] is False and signal_figures["floor"] == SIGNAL_FLOOR == 0.01
+    assert signal_figures["silent"] == ["last_hidden_state", "pooled"] and signal_figures["main"] == "last_hidden_state"
+    leaf = signal_figures["leaves"][0]
+    assert leaf["name"] == "last_hidden_state" and 0 < leaf["max_abs"] < 1e-18 and leaf["std"] > 0 and leaf["change"] < 1e-18
+    assert "max_abs_diff" not in record  # nothing was exported
+
+    _tiny_job(monkeypatch, _Scaled(0.0, offset=3.0))  # large outputs, the same whatever the input
+    record = run_job({"class": "Constant", "backend": "dynamo", "dynamic": False})
+    assert (record["stage"], record["kind"]) == ("signal", "degenerate model"), record
+    assert "the main output last_hidden_state does not change with the input" in record["message"]
+    assert record["signal"]["silent"] == [] and record["signal"]["main_change"] == 0.0
+
+    _tiny_job(monkeypatch, _Scaled(1.0))
+    record = run_job({"class": "Healthy", "backend": "dynamo", "dynamic": False})
+    assert record["outcome"] == "pass", record
+    assert record["signal"]["ok"] and record["signal"]["main_change"] >= SIGNAL_FLOOR
+    assert all(leaf["max_abs"] >= SIGNAL_FLOOR for leaf in record["signal"]["leaves"])
+    assert 0 <= record["max_rel_diff"] <= record["max_abs_diff"] / 0.01 and record["max_rel_diff"] < 1e-5
+
+
+def test_the_signal_floor_is_ten_times_the_loosest_backend_tolerance() -> None:
+    from hf_exporters.exporters.dynamo import DynamoExporter
+    from hf_exporters.exporters.onnx import OnnxExporter
+    from hf_exporters.sweep import signal_check
+
+    loosest = max(DynamoExporter.default_atol, OnnxExporter.default_atol, 1e-3)  # ExecuTorch's is 1e-3
+    assert signal_check.LOOSEST_ATOL == loosest and signal_check.SIGNAL_FLOOR == 10 * loosest
+    # integer outputs: judged by the change of the main output only; a structural zero output is silent
+    ids = [("codes", torch.tensor([[1, 2]]))]
+    assert signal_check.judge(ids, [("codes", torch.tensor([[1, 3]]))])["ok"]
+    assert not signal_check.judge(ids, [("codes", torch.tensor([[1, 2]]))])["ok"]
+    # a leaf exactly zero on both sets (a scaler's loc) is exempt and listed; the main output is preferred by name,
+    # and one whose length follows the input changed
+    first = [("loss", torch.tensor(1e-3)), ("loc", torch.zeros(2, 1)), ("last_hidden_state", torch.randn(2, 5))]
+    second = [("loss", torch.tensor(1e-3)), ("loc", torch.zeros(2, 1)), ("last_hidden_state", torch.randn(2, 7))]
+    verdict = signal_check.judge(first, second)
+    assert (verdict["main"], verdict["zero"], verdict["silent"], verdict["main_change"]) == ("last_hidden_state", ["loc"], ["loss"], float("inf"))
+    assert verdict["reason"].startswith("degenerate model: outputs below 0.01 in magnitude: loss (max |x| 0.001)")
+    assert classify("degenerate model: outputs below 0.01 in magnitude: x (max |x| 1e-28)") == "degenerate model"
+
+
+def test_tiny_models_of_vanishing_families_carry_signal() -> None:
+    """MobileNetV1's convolutions, drawn at the init scale over untrained batch norms, shrank its outputs to
+    7.8e-28; SAM's and BLIP's vision towers keep initializer_range=1e-10; ConvNeXt scales each residual branch by
+    1e-6; SAM's mask decoder heads (no normalisation) end below 1e-3; Mimi's all-zero codebooks give every audio
+    the same codes. The tiny builder raises the init scales to a floor (SAM's to 0.1), calibrates the batch norms
+    and the codebooks on the sweep's inputs, and the tiny models' outputs carry signal."""
+    from hf_exporters.runtime.compare import eager_outputs
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import _signal_inputs, build_model
+    from hf_exporters.sweep.signal_check import judge
+
+    assert transformers.SamVisionConfig().initializer_range == 1e-10
+    assert tiny.tiny_config(transformers.SamVisionConfig).initializer_range == 0.02
+    assert tiny.tiny_config(transformers.BlipConfig).vision_config.initializer_range == 0.02
+    assert tiny.tiny_config(transformers.ConvNextConfig).layer_scale_init_value == 0.1
+    assert tiny.tiny_config(transformers.DinatConfig).layer_scale_init_value == 0.0  # zero selects a path: kept
+    assert all(reason.strip() for _, reason in tiny.INIT_FLOORS.values())
+    for name in ("MobileNetV1Model", "SamVisionModel", "SamModel", "MimiModel"):
+        model = build_model(name)
+        inputs = build_inputs(model)
+        verdict = judge(eager_outputs(model, inputs), eager_outputs(model, _signal_inputs(model, inputs)))
+        assert verdict["ok"], (name, verdict)
+    norms = [m for m in build_model("MobileNetV1Model").modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms and all(not bool((m.running_var == 1).all()) for m in norms)  # calibrated, not the init's 1
+
+
+# ── Every selected class counted, one revision ───────────────────────────────
+
+
+def test_every_selected_class_is_counted_and_the_headline_is_one_revision(tmp_path: Path) -> None:
+    """A selected class without a record is ``not run`` and counted in the denominator; the headline takes the
+    records of one revision (the newest), the others are history only."""
+    old = {**_record("ours", "onnx", False, "C", "pass"), "revision": "rev1", "finished": "2026-01-01T00:00:00"}
+    records = [
+        old,
+        {**_record("ours", "onnx", False, "A", "pass"), "revision": "rev2", "finished": "2026-01-02T00:00:00"},
+        {**_record("ours", "onnx", False, "B", "fail", "signal", "degenerate model"), "revision": "rev2", "finished": "2026-01-02T00:00:01"},
+    ]
+    selection = {"forward": ["A", "B", "C", "D"], "generation": []}
+    summary = report.write_reports(tmp_path, records, {"versions": {"transformers": "x"}}, selection)
+    assert summary["headline_revision"] == "rev2"
+    group = summary["groups"]["ours|onnx|static"]
+    assert (group["selected"], group["pass"], group["fail"], group["degenerate"], group["not_run"]) == (4, 1, 1, 1, 2)
+    assert group["not_run_classes"] == ["C", "D"] and group["pass_rate"] == 0.25
+    assert (summary["records_history"], summary["revisions_history"]) == (1, 1)
+    text = (tmp_path / "report.md").read_text()
+    assert "| ours | onnx | static | 1 / 4 | 25.0% | 0 | 1 | 1 | 2 | signal 1 |" in text
+    assert "- ours onnx static: 2 not run: C, D." in text
+    assert "Headline revision: `rev2`" in text and "**1** records of 1 other revisions are kept as history only" in text
+    # another revision asked for: its records make the headline
+    summary = report.summarize(records, {}, selection, revision="rev1")
+    assert (summary["groups"]["ours|onnx|static"]["pass"], summary["groups"]["ours|onnx|static"]["not_run"]) == (1, 3)
+
+
+def test_smoke_fails_a_pass_without_signal_and_a_planned_job_not_run() -> None:
+    baseline = {"ours|onnx|static|A": "pass", "ours|onnx|static|B": "pass", "ours|onnx|static|C": "pass"}
+    vacuous = _record("ours", "onnx", False, "A", "pass")  # no signal verdict: recorded before the rule
+    healthy = {**_record("ours", "onnx", False, "B", "pass"), "signal": {"ok": True}}
+    bad = smoke.regressions([vacuous, healthy], baseline, planned=set(baseline))
+    assert [line.split(":")[0] for line in bad] == ["ours|onnx|static|A", "ours|onnx|static|C"]
+    assert "without the signal check" in bad[0] and bad[1].endswith("expected pass, not run")
+
+
+# ── Upstream runs its artifacts on the inputs its preparation left ───────────
+
+
+class _Normalised(torch.nn.Module):
+    """A forward that computes ``scale`` with ``.tolist()`` unless given it, as the vision towers on flattened
+    patches compute ``cu_seqlens``: upstream's export precomputes it into the sample inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, features: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        if scale is None:
+            scale = torch.tensor(features.abs().amax(dim=-1, keepdim=True).tolist())
+        return self.proj(features / scale)
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_upstream_artifacts_run_on_the_inputs_its_preparation_left(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    """Upstream's ``prepare_for_export`` adds the inputs it precomputes to the mapping it is given and traces
+    with them; the sweep ran the artifact on its own inputs ("kwarg keyword mismatch", "the ONNX model takes 2
+    inputs"). It runs it on the prepared copy, and grows the second input set from its own inputs, prepared again."""
+    pytest.importorskip("onnxruntime")
+    from transformers.exporters import utils as upstream_utils
+
+    def prepare(model: torch.nn.Module, inputs: dict) -> None:
+        inputs["scale"] = inputs["features"].abs().amax(dim=-1, keepdim=True)
+
+    monkeypatch.setitem(upstream_utils._EXPORT_INPUT_PREPARERS, ("features",), prepare)
+    _tiny_job(monkeypatch, _Normalised())
+    for dynamic in (False, True):
+        record = run_job({"class": "Normalised", "backend": backend, "dynamic": dynamic, "engine": "upstream"})
+        assert record["outcome"] == "pass", record
+        assert record["upstream_prepared_inputs"] == ["scale"]
+    assert record["input_sets"] == 2  # the grown set, prepared by upstream again

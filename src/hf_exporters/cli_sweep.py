@@ -45,10 +45,15 @@ def sweep(
     any_revision: bool = typer.Option(False, "--resume-any-revision", help="Resume past jobs recorded under another code revision (same versions); the summary lists every revision."),
     retry: Optional[str] = typer.Option(
         None, "--retry",
-        help="Comma-separated stages or outcomes whose recorded jobs run again: 'setup' (tiny config, inputs, eager: "
+        help="Comma-separated stages or outcomes whose recorded jobs run again: 'setup' (tiny config, inputs, eager, signal: "
         "after a change to the sweep's own setup), a stage name, timeout, crash, oom.",
     ),
     report_only: bool = typer.Option(False, "--report-only", help="Only regenerate the reports from results.jsonl."),
+    headline_revision: Optional[str] = typer.Option(
+        None, "--headline-revision",
+        help="The code revision whose records make the report's headline (default: the newest record's); records of "
+        "other revisions are counted as history only.",
+    ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
     runtime: str = typer.Option("python", "--runtime", help="ExecuTorch jobs: python (executorch.runtime) | cpp (the C++ runner, make cpp); recorded as its own jobs."),
 ) -> None:
@@ -81,6 +86,15 @@ def sweep(
     except ValueError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
+
+    def chosen(classes_pool: dict[str, str]) -> list[str]:
+        try:
+            return class_sets.select(classes_pool, only, shard)
+        except ValueError:  # --only names classes of the other mode only
+            return []
+
+    # the report's denominators: every class the options select, in either mode, whichever shapes this run asks for
+    report_selection = {"forward": chosen(pool), "generation": chosen(gen_pool if not smoke else {c: t for c, t in pool.items() if c in generative})}
     out_dir = output or Path("reports") / "sweep" / transformers.__version__
     if smoke and output is None:
         out_dir = Path("reports") / "sweep" / "smoke" / transformers.__version__
@@ -164,11 +178,17 @@ def sweep(
             "runs": runs,
             "revisions_recorded": sorted({r.get("revision", "?") for r in store.records()}),
         }
-        summary = report.write_reports(out_dir, store.records(), meta)
+        summary = report.write_reports(out_dir, store.records(), meta, report_selection, headline_revision)
+        typer.echo(
+            f"headline revision {summary['headline_revision']}: {summary['records_headline']} records; "
+            f"{summary['records_history']} records of {summary['revisions_history']} other revisions kept as history only",
+            err=True,
+        )
         for g in summary["groups"].values():
             typer.echo(
                 f"{g['engine']:>8} {g['backend']:>10} {g.get('shapes', 'dynamic' if g['dynamic'] else 'static'):>10}: "
-                f"{g['pass']}/{g['total']} pass ({100 * g['pass_rate']:.1f}%), {g['skip']} skip"
+                f"{g['pass']}/{g['selected']} pass ({100 * g['pass_rate']:.1f}%), {g['skip']} skip, {g['fail']} fail "
+                f"({g['degenerate']} degenerate), {g['not_run']} not run"
             )
         if recheck_skips:
             now_pass = sorted({f"{r['model_class']} ({r['backend']}, {'dynamic' if r['dynamic'] else 'static'})" for r in records if r["outcome"] == "pass"})
@@ -176,12 +196,13 @@ def sweep(
             for line in now_pass:
                 typer.echo(f"  {line}")
         if smoke:
-            latest = report.latest(store.records())
+            latest = report.latest([r for r in store.records() if r.get("revision") == store.revision])
             if update_baseline:
                 smoke_set.write_baseline(latest)
                 typer.echo(f"baseline written: {smoke_set.BASELINE}")
             else:
-                bad = smoke_set.regressions(latest, smoke_set.load_baseline())
+                planned = {runner.job_key(s) for s in specs}
+                bad = smoke_set.regressions(latest, smoke_set.load_baseline(), planned)
                 if bad:
                     typer.echo("smoke sweep regressions:\n  " + "\n  ".join(bad), err=True)
                     raise typer.Exit(1)

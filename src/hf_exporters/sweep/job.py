@@ -1,8 +1,13 @@
 """One sweep job: (model class, backend, dynamic, engine) -> an outcome record.
 
 :func:`run_job` runs in a process of its own (see :mod:`hf_exporters.sweep.runner`): tiny config,
-inputs, eager, export, runtime, parity. Every failure is caught and recorded with its stage, the
+inputs, eager, signal, export, runtime, parity. Every failure is caught and recorded with its stage, the
 error kind (:func:`classify`), the source line blamed and a one-line message.
+
+Signal: before anything is exported, eager's outputs must carry signal (:data:`~.signal_check.RULE`);
+a model whose outputs do not is the setup failure ``degenerate model`` (stage ``signal``), never a
+pass. Every forward job records the figures it was judged on (``signal``: per output max |x|, std and
+the change between two input sets) and, once compared, ``max_abs_diff`` and ``max_rel_diff``.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import traceback
 from typing import Any
 
 #: the stages a job goes through, in order (an exporter failure is "exporter <stage title>")
-STAGES = ("tiny config", "inputs", "eager", "exporter", "lowering", "runtime", "parity")
+STAGES = ("tiny config", "inputs", "eager", "signal", "exporter", "lowering", "runtime", "parity")
 #: outcomes recorded by the runner when the job's process did not report
 PROCESS_OUTCOMES = ("timeout", "crash", "oom")
 ENGINES = ("ours", "upstream")
@@ -26,6 +31,7 @@ BACKENDS = ("dynamo", "onnx", "executorch")
 ERROR_KINDS: list[tuple[str, re.Pattern[str]]] = [
     ("tiny config too large", re.compile(r"tiny config still has", re.I)),
     ("nondeterministic forward", re.compile(r"nondeterministic forward", re.I)),
+    ("degenerate model", re.compile(r"^degenerate model:", re.I)),
     ("call signature", re.compile(r"missing \d+ required positional argument|unexpected keyword argument|takes \d+ positional argument", re.I)),
     ("out of memory", re.compile(r"MemoryError|out of memory|Cannot allocate memory|bad_alloc", re.I)),
     ("data-dependent guard", re.compile(r"data.dependent|GuardOnDataDependentSymNode|unbacked|DataDependentOutputException|Could not extract specialized integer", re.I)),
@@ -171,8 +177,28 @@ def undo_degenerate_init(model: Any, std: float) -> list[str]:
     return changed
 
 
+def _calibrate(model: Any) -> list[str]:
+    """Running statistics of the model's batch normalisations and entries of its all-zero codebooks, taken from the
+    sweep's own inputs (:func:`~.tiny.calibrate_from_inputs`); nothing when the model has neither, or when its
+    inputs or the calibrating forward fail (the job's own inputs and eager stages then say why)."""
+    from .tiny import calibrate_from_inputs, has_calibration
+
+    if not any(has_calibration(m) for m in model.modules()):
+        return []
+    from .inputs import build_inputs
+
+    try:
+        return calibrate_from_inputs(model, build_inputs(model))
+    except Exception:  # noqa: BLE001 - the job's inputs and eager stages report the failure
+        return []
+
+
 def build_model(class_name: str, use_cache: bool = False) -> Any:
-    """The tiny model of ``class_name`` (seeded, eval mode); ``use_cache`` False unless asked (generation)."""
+    """The tiny model of ``class_name`` (seeded, eval mode); ``use_cache`` False unless asked (generation).
+
+    Built from :func:`~.tiny.tiny_config` (init scales raised to a floor), its degenerate init undone
+    (:func:`undo_degenerate_init`), its batch normalisations and all-zero codebooks calibrated on the sweep's
+    inputs (:func:`_calibrate`), so that its outputs carry signal (:mod:`~.signal_check`)."""
     import torch
 
     from .classes import resolve
@@ -187,13 +213,21 @@ def build_model(class_name: str, use_cache: bool = False) -> Any:
     torch.manual_seed(0)
     model = cls(config).eval()
     undo_degenerate_init(model, getattr(config, "initializer_range", None) or 0.02)
+    _calibrate(model)
     count = parameter_count(model)
     if count > MAX_PARAMETERS:
         raise ValueError(f"tiny config still has {count:,} parameters (limit {MAX_PARAMETERS:,})")
     return model
 
 
-def _upstream_export(backend: str, model: Any, inputs: dict[str, Any], dynamic: bool) -> Any:
+def _upstream_export(backend: str, model: Any, inputs: dict[str, Any], dynamic: bool) -> tuple[Any, dict[str, Any]]:
+    """Export with transformers' own exporter; returns ``(program, prepared inputs)``.
+
+    Upstream's ``prepare_for_export`` writes the inputs it precomputes (``cu_seqlens``, ``position_ids``,
+    window indices of vision towers on flattened patches, ...) into the sample-input mapping it is given,
+    in place, and the program is traced with them: upstream runs its artifact with that mapping (its
+    ExecuTorch preparation says so: "in place, so precomputed kwargs reach the caller"). The sweep hands
+    it a copy of its inputs and runs the artifact with the copy as the export left it."""
     from transformers import exporters as upstream
 
     exporter_cls, config_cls = {
@@ -201,7 +235,19 @@ def _upstream_export(backend: str, model: Any, inputs: dict[str, Any], dynamic: 
         "onnx": (upstream.OnnxExporter, upstream.OnnxConfig),
         "executorch": (upstream.ExecutorchExporter, upstream.ExecutorchConfig),
     }[backend]
-    return exporter_cls().export(model, dict(inputs), config_cls(dynamic=dynamic)).program
+    prepared = dict(inputs)
+    program = exporter_cls().export(model, prepared, config_cls(dynamic=dynamic)).program
+    return program, prepared
+
+
+def upstream_prepared(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """``inputs`` as upstream's ``prepare_for_export`` leaves them (a copy; its precomputed inputs added):
+    how upstream's artifact takes an input set other than the one it was exported with."""
+    from transformers.exporters.utils import prepare_for_export
+
+    prepared = dict(inputs)
+    _, cast, _ = prepare_for_export(model, prepared)
+    return dict(cast)
 
 
 def _upstream_stage(error: BaseException) -> str:
@@ -267,9 +313,9 @@ def expected_dynamic_axes(name: str, tensor: Any) -> set[int]:
     return axes
 
 
-def _take_second_set(model: Any, second: dict[str, Any] | None, input_sets: list[Any], record: dict[str, Any]) -> Any:
-    """Append ``second`` to ``input_sets`` when eager runs it, and return eager's outputs for it (the
-    parity check's expected values, so eager runs it once); a set eager refuses is recorded, not kept."""
+def _take_second_set(model: Any, second: dict[str, Any] | None, record: dict[str, Any]) -> Any:
+    """Eager's outputs for ``second`` (the parity check's expected values, so eager runs it once), or None
+    when there is no second set or eager refuses it (recorded as ``second_input_set``)."""
     from ..runtime.compare import eager_outputs
 
     if second is None:
@@ -279,7 +325,6 @@ def _take_second_set(model: Any, second: dict[str, Any] | None, input_sets: list
     except Exception:  # noqa: BLE001 - any refusal means the model does not take these sizes
         record["second_input_set"] = "eager refused the resized inputs"
         return None
-    input_sets.append(second)
     return expected
 
 
@@ -398,6 +443,68 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+def _signal_inputs(model: Any, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """A second input set for the signal check: the sweep's inputs drawn with another seed (same shapes and
+    dtypes, other values); an input the other draw shapes differently keeps its first value. None when no
+    input changed (nothing was drawn)."""
+    import torch
+
+    from .inputs import build_inputs
+
+    other = build_inputs(model, seed=1)
+    mixed, changed = {}, False
+    for name, value in inputs.items():
+        candidate = other.get(name)
+        same_kind = (
+            isinstance(value, torch.Tensor) and isinstance(candidate, torch.Tensor)
+            and candidate.shape == value.shape and candidate.dtype == value.dtype
+        )
+        mixed[name] = candidate if same_kind else value
+        changed = changed or (same_kind and not torch.equal(candidate, value))
+    return mixed if changed else None
+
+
+def check_signal(model: Any, inputs: dict[str, Any], first: list[tuple[str, Any]], record: dict[str, Any]) -> None:
+    """Judge eager's outputs by :data:`~.signal_check.RULE` and record the figures (``record["signal"]``).
+
+    Raises:
+        _Failed: at stage ``signal``, kind ``degenerate model``, when the outputs carry no signal, or when eager
+            refuses the second input set.
+    """
+    from ..runtime.compare import eager_outputs
+    from .signal_check import judge
+
+    with _at("signal"):
+        second_inputs = _signal_inputs(model, inputs)
+        second = eager_outputs(model, second_inputs) if second_inputs is not None else None
+    verdict = judge(first, second)
+    record["signal"] = verdict
+    if not verdict["ok"]:
+        message = verdict["reason"][:600]
+        raise _Failed("signal", ValueError(message), message, None)
+
+
+def _relative(expected: list[tuple[str, Any]], diffs: list[Any]) -> float:
+    """The parity check's relative error: max over the compared leaves of (max abs diff / max |eager|) of that
+    leaf (a leaf whose eager values are all zero counts 0 when matched exactly, inf otherwise)."""
+    from .signal_check import leaf_figures
+
+    worst = 0.0
+    for (_, tensor), diff in zip(expected, diffs):
+        scale = leaf_figures(tensor)[0]
+        value = diff.max_abs_diff / scale if scale > 0 else (0.0 if diff.max_abs_diff == 0 else float("inf"))
+        worst = max(worst, value)
+    return worst
+
+
+def _own_names(fixed: list[tuple[str, int, int]], inputs: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """The entries of ``fixed`` on the sweep's own inputs (not on inputs upstream's preparation added)."""
+    from ..shapes import tensor_leaves
+
+    own = {name for name, _ in tensor_leaves(inputs)}
+    return [entry for entry in fixed if entry[0] in own]
+
+
 def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
     import torch
 
@@ -422,8 +529,11 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
             a.shape != b.shape or not torch.equal(a, b) for (_, a), (_, b) in zip(first, second)
         ):
             raise RuntimeError("nondeterministic forward: two eager runs on the same inputs differ (sampling or dropout in forward)")
+    check_signal(model, inputs, first, record)
 
     ours = make_exporter(backend)  # our save / runtime runner serve both engines: the same check
+    # what the artifact runs on: the sweep's inputs for ours, as upstream's export prepared them for upstream
+    run_inputs = inputs
     if engine == "ours":
         try:
             program = ours.export(model, inputs, make_config(ours, dynamic, None))
@@ -435,30 +545,59 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
         ep = ours.exported_program
     else:
         try:
-            program = _upstream_export(backend, model, inputs, dynamic)
+            program, run_inputs = _upstream_export(backend, model, inputs, dynamic)
         except Exception as error:  # noqa: BLE001
             raise _Failed(_upstream_stage(error), error) from error
         ep = _exported_program(program)
+        added = sorted(set(run_inputs) - set(inputs))
+        if added:
+            record["upstream_prepared_inputs"] = added
 
-    input_sets = [inputs]
+    def own_part(resized: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The sweep's own inputs of a resized set (upstream's precomputed ones are computed again from them)."""
+        if resized is None or run_inputs is inputs:
+            return resized
+        own = {k: resized[k] for k in inputs}
+        grown = any(
+            isinstance(v, torch.Tensor) and v.shape != inputs[k].shape for k, v in own.items()
+        )
+        return own if grown else None
+
+    # (eager's inputs, the artifact's inputs) of each input set
+    input_sets: list[tuple[dict[str, Any], dict[str, Any]]] = [(inputs, run_inputs)]
     second_expected = None  # eager's outputs on a second input set, computed when it is accepted
+
+    def take_second(second: dict[str, Any] | None) -> Any:
+        expected = _take_second_set(model, second, record)
+        if expected is None:
+            return None
+        artifact_inputs = second
+        if run_inputs is not inputs:
+            try:
+                artifact_inputs = upstream_prepared(model, second)
+            except Exception as error:  # noqa: BLE001 - upstream cannot take these sizes: one input set
+                record["second_input_set"] = f"upstream's preparation refused the resized inputs: {_first_line(error)[:200]}"
+                return None
+        input_sets.append((second, artifact_inputs))
+        return expected
+
     if dynamic and ep is not None:
-        requested = auto_dynamic_shapes(inputs)
-        fixed = [(a.input, a.axis, a.size) for a in static_axes(ep, inputs, requested)]
+        requested = auto_dynamic_shapes(run_inputs)
+        fixed = [(a.input, a.axis, a.size) for a in static_axes(ep, run_inputs, requested)]
         record["static_axes"] = [f"{n}[axis {a}] = {s}" for n, a, s in fixed]
-        fixed = _unexpected_static(fixed, inputs)
+        fixed = _unexpected_static(_own_names(fixed, inputs), inputs)
         # the batch and length axes grow, as for a program without its ExportedProgram (upstream's
         # ONNX): both engines are checked on the same sizes; free sizes on other axes keep theirs
-        second_expected = _take_second_set(model, resized_inputs(ep, inputs, axes=expected_dynamic_axes), input_sets, record)
+        second_expected = take_second(own_part(resized_inputs(ep, run_inputs, axes=expected_dynamic_axes)))
         if fixed:
             message = "axes asked to be dynamic ended static: " + ", ".join(f"{n}[axis {a}] = {s}" for n, a, s in fixed[:4])
             raise _Failed("exporter dynamic shapes", ValueError(message), f"ValueError: {message}", None)
 
     if dynamic and ep is None and hasattr(program, "graph") and hasattr(program.graph, "inputs"):
-        second, fixed = _onnx_ir_resized(program, inputs)
+        second, fixed = _onnx_ir_resized(program, run_inputs)
         record["static_axes"] = [f"{n}[axis {a}] = {s}" for n, a, s in fixed]
-        fixed = _unexpected_static(fixed, inputs)
-        second_expected = _take_second_set(model, second, input_sets, record)
+        fixed = _unexpected_static(_own_names(fixed, inputs), inputs)
+        second_expected = take_second(own_part(second))
         if fixed:
             message = "axes asked to be dynamic ended static: " + ", ".join(f"{n}[axis {a}] = {s}" for n, a, s in fixed[:4])
             raise _Failed("exporter dynamic shapes", ValueError(message), f"ValueError: {message}", None)
@@ -466,18 +605,21 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory(prefix="hf-sweep-") as tmp, _at("runtime"):
         artifact = _save(ours, program, tmp)
         runner = _load_runner(ours, artifact, spec.get("runtime", "python"))
-        worst = 0.0
-        for index, inputs_set in enumerate(input_sets):
-            expected = second_expected if index == 1 else eager_outputs(model, inputs_set)
-            actual = runner(clone_tree(inputs_set))
+        worst, worst_relative = 0.0, 0.0
+        for index, (eager_inputs, artifact_inputs) in enumerate(input_sets):
+            expected = second_expected if index == 1 else eager_outputs(model, eager_inputs)
+            actual = runner(clone_tree(artifact_inputs))
             try:
-                report = ParityReport(_shapes(inputs_set), compare_leaves(expected, actual, ours.default_atol), ours.default_atol)
+                diffs = compare_leaves(expected, actual, ours.default_atol)
+                report = ParityReport(_shapes(eager_inputs), diffs, ours.default_atol)
             except ParityError as error:
                 raise _Failed("parity", error) from error
             worst = max(worst, report.max_abs_diff)
+            worst_relative = max(worst_relative, _relative(expected, diffs))
             record["max_abs_diff"] = worst
+            record["max_rel_diff"] = float(f"{worst_relative:.4g}")
             if not report.ok:
-                note = traced_path_note(model, inputs_set, expected, actual, ours.default_atol)
+                note = traced_path_note(model, eager_inputs, expected, actual, ours.default_atol)
                 if note:  # the model's own code differs between eager and tracing: named before the numbers
                     message = f"ParityError: {note}; {report.describe_failure()}"
                     raise _Failed("parity", ParityError(message), message[:600], None)

@@ -1,4 +1,8 @@
-"""Reports of a sweep: summary.json, report.md and a PNG chart of the pass rates, from results.jsonl."""
+"""Reports of a sweep: summary.json, report.md and a PNG chart of the pass rates, from results.jsonl.
+
+The headline counts every selected class in every group (a class with no record is ``not run``) and takes its
+figures from the records of one code revision (:func:`headline_revision`); records of other revisions are
+history, counted apart."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .job import BACKENDS, ENGINES
+from .signal_check import RULE
 
 OUTCOMES = ("pass", "skip", "fail", "timeout", "crash", "oom")
 
@@ -26,6 +31,22 @@ def latest(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             record = {**record, "kind": classify(record["message"], record["outcome"])}
         out.append(record)
     return out
+
+
+def headline_revision(records: list[dict[str, Any]], requested: str | None = None) -> str | None:
+    """The code revision whose records make the headline: ``requested`` when given, else the revision of the
+    newest record (by its ``finished`` time, then by its place in the file); None when no record names one."""
+    if requested:
+        return requested
+    newest: tuple[str, int] | None = None
+    revision = None
+    for index, record in enumerate(records):
+        if not record.get("revision"):
+            continue
+        stamp = (record.get("finished") or "", index)
+        if newest is None or stamp >= newest:
+            newest, revision = stamp, record["revision"]
+    return revision
 
 
 def shapes_of(record: dict[str, Any]) -> str:
@@ -49,28 +70,76 @@ def _failure_stage(record: dict[str, Any]) -> str:
     return stage
 
 
-def summarize(records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
-    """Per engine × backend × dynamic: total, pass, skip, failures by stage and by kind, pass rate."""
-    rows = latest(records)
+def _is_degenerate(record: dict[str, Any]) -> bool:
+    return record.get("outcome") == "fail" and (record.get("kind") == "degenerate model" or record.get("stage") == "signal" and "degenerate model" in (record.get("message") or ""))
+
+
+def _selection(records: list[dict[str, Any]], selection: dict[str, list[str]] | None) -> dict[str, list[str]]:
+    """``{"forward": classes, "generation": classes}`` selected; without a selection, the classes recorded in each
+    mode under any revision."""
+    if selection is not None:
+        return {"forward": sorted(selection.get("forward", [])), "generation": sorted(selection.get("generation", []))}
+    return {
+        "forward": sorted({r["model_class"] for r in records if r.get("mode") != "generation"}),
+        "generation": sorted({r["model_class"] for r in records if r.get("mode") == "generation"}),
+    }
+
+
+def headline_records(
+    records: list[dict[str, Any]], revision: str | None, selection: dict[str, list[str]]
+) -> list[dict[str, Any]]:
+    """The latest record of each job of the headline: recorded under ``revision`` (every record when it is None)
+    and of a selected class."""
+    chosen = {"forward": set(selection["forward"]), "generation": set(selection["generation"])}
+    kept = [
+        r for r in records
+        if (revision is None or r.get("revision") == revision)
+        and r["model_class"] in chosen["generation" if r.get("mode") == "generation" else "forward"]
+    ]
+    return latest(kept)
+
+
+def summarize(
+    records: list[dict[str, Any]], meta: dict[str, Any], selection: dict[str, list[str]] | None = None,
+    revision: str | None = None,
+) -> dict[str, Any]:
+    """Per engine × backend × shapes, over every selected class: pass, skip, fail (degenerate counted apart),
+    not run (no record at the headline revision), failures by stage and by kind, pass rate = pass / selected.
+
+    ``selection``: the selected classes per mode (:func:`_selection`); ``revision``: the headline revision
+    (:func:`headline_revision` of ``records`` when None). Groups are those any record names (any revision)."""
+    selected = _selection(records, selection)
+    requested = bool(revision)
+    revision = headline_revision(records, revision)
+    rows = headline_records(records, revision, selected)
     groups: dict[str, dict[str, Any]] = {}
     order = {"static": 0, "dynamic": 1, "generation": 2}
-    for record in sorted(rows, key=lambda r: (ENGINES.index(r["engine"]) if r["engine"] in ENGINES else 9, r["backend"], order[shapes_of(r)])):
-        g = groups.setdefault(
-            _group(record),
-            {
-                "engine": record["engine"],
-                "backend": backend_of(record),
-                "dynamic": record["dynamic"],
-                "shapes": shapes_of(record),
-                "total": 0,
-                "pass": 0,
-                "skip": 0,
-                "fail": 0,
-                "failures_by_stage": collections.Counter(),
-                "failures_by_kind": collections.Counter(),
-                "passes_on_one_input_set": [],
-            },
-        )
+    every = sorted(
+        {(r["engine"], backend_of(r), shapes_of(r), r["backend"], bool(r["dynamic"])) for r in records},
+        key=lambda g: (ENGINES.index(g[0]) if g[0] in ENGINES else 9, g[3], order[g[2]], g[1]),
+    )
+    for engine, backend, shapes, _, dynamic in every:
+        groups[f"{engine}|{backend}|{shapes}"] = {
+            "engine": engine,
+            "backend": backend,
+            "dynamic": dynamic,
+            "shapes": shapes,
+            "selected": len(selected["generation" if shapes == "generation" else "forward"]),
+            "total": 0,  # jobs recorded at the headline revision
+            "pass": 0,
+            "skip": 0,
+            "fail": 0,
+            "degenerate": 0,
+            "not_run": 0,
+            "failures_by_stage": collections.Counter(),
+            "failures_by_kind": collections.Counter(),
+            "passes_on_one_input_set": [],
+            "not_run_classes": [],
+        }
+    recorded: dict[str, set[str]] = collections.defaultdict(set)
+    for record in sorted(rows, key=lambda r: r["model_class"]):
+        g = groups[_group(record)]
+        recorded[_group(record)].add(record["model_class"])
         g["total"] += 1
         outcome = record["outcome"]
         if outcome == "pass":
@@ -81,39 +150,105 @@ def summarize(records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, 
             g["skip"] += 1
         else:
             g["fail"] += 1
+            g["degenerate"] += _is_degenerate(record)
             g["failures_by_stage"][_failure_stage(record)] += 1
             g["failures_by_kind"][record.get("kind") or "other"] += 1
-    for g in groups.values():
-        g["pass_rate"] = round(g["pass"] / g["total"], 4) if g["total"] else 0.0
+    for name, g in groups.items():
+        pool = selected["generation" if g["shapes"] == "generation" else "forward"]
+        g["not_run_classes"] = [c for c in pool if c not in recorded[name]]
+        g["not_run"] = len(g["not_run_classes"])
+        g["pass_rate"] = round(g["pass"] / g["selected"], 4) if g["selected"] else 0.0
         g["failures_by_stage"] = dict(g["failures_by_stage"].most_common())
         g["failures_by_kind"] = dict(g["failures_by_kind"].most_common())
-    classes_run = sorted({r["model_class"] for r in rows if r.get("mode") != "generation"})
-    generation_run = sorted({r["model_class"] for r in rows if r.get("mode") == "generation"})
+    headline_all = [r for r in records if revision is None or r.get("revision") == revision]
+    history = [r for r in records if not (revision is None or r.get("revision") == revision)]
+    chosen = set(selected["forward"]) | set(selected["generation"])
     return {
         **meta,
-        "classes_run": len(classes_run),
-        "generation_classes_run": len(generation_run),
+        "headline_revision": revision,
+        "headline_revision_requested": requested,
+        "classes_selected": len(selected["forward"]),
+        "generation_classes_selected": len(selected["generation"]),
+        "classes_run": len({r["model_class"] for r in rows if r.get("mode") != "generation"}),
+        "generation_classes_run": len({r["model_class"] for r in rows if r.get("mode") == "generation"}),
         "jobs_recorded": len(rows),
+        "records_total": len(records),
+        "records_headline": len(headline_all),
+        "records_outside_selection": sum(1 for r in headline_all if r["model_class"] not in chosen),
+        "records_history": len(history),
+        "revisions_history": len({r.get("revision") for r in history}),
+        "history_groups": _history_groups(records, selected),
         "groups": groups,
     }
 
 
+def _history_groups(records: list[dict[str, Any]], selected: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Per group, the latest record of each selected class's job under any revision: what the records say when
+    revisions are mixed (history, not the headline)."""
+    rows = headline_records(records, None, selected)
+    out: dict[str, dict[str, Any]] = {}
+    for record in rows:
+        g = out.setdefault(_group(record), {"recorded": 0, "pass": 0, "revisions": set()})
+        g["recorded"] += 1
+        g["pass"] += record["outcome"] == "pass"
+        g["revisions"].add(record.get("revision"))
+    return {k: {**v, "revisions": len(v["revisions"])} for k, v in out.items()}
+
+
 def _table(summary: dict[str, Any]) -> list[str]:
     lines = [
-        "| engine | backend | shapes | total | pass | skip | fail | pass rate | failures by stage |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|",
+        "| engine | backend | shapes | pass / selected | pass rate | skip | fail | of which degenerate | not run | failures by stage |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for g in summary["groups"].values():
         stages = ", ".join(f"{k} {v}" for k, v in list(g["failures_by_stage"].items())[:5])
         lines.append(
-            f"| {g['engine']} | {g['backend']} | {g.get('shapes', 'dynamic' if g['dynamic'] else 'static')} | {g['total']} | {g['pass']} | "
-            f"{g['skip']} | {g['fail']} | {100 * g['pass_rate']:.1f}% | {stages} |"
+            f"| {g['engine']} | {g['backend']} | {g.get('shapes', 'dynamic' if g['dynamic'] else 'static')} | "
+            f"{g['pass']} / {g.get('selected', g['total'])} | {100 * g['pass_rate']:.1f}% | {g['skip']} | {g['fail']} | "
+            f"{g.get('degenerate', 0)} | {g.get('not_run', 0)} | {stages} |"
         )
     return lines
 
 
+def _history_table(summary: dict[str, Any]) -> list[str]:
+    history = summary.get("history_groups") or {}
+    if not summary.get("records_history"):
+        return []
+    lines = [
+        "## History: other revisions",
+        "",
+        f"{summary['records_history']} records of {summary.get('revisions_history', '?')} other code revisions are kept "
+        "as history only: they count in no figure above. The latest record of each selected class's job under any "
+        "revision (mixed revisions, not comparable with the headline):",
+        "",
+        "| engine | backend | shapes | recorded | pass | revisions |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for name in [*summary["groups"], *(k for k in history if k not in summary["groups"])]:
+        g = history.get(name)
+        if g is None:
+            continue
+        engine, backend, shapes = name.split("|")
+        lines.append(f"| {engine} | {backend} | {shapes} | {g['recorded']} | {g['pass']} | {g['revisions']} |")
+    return [*lines, ""]
+
+
+def _not_run_lines(summary: dict[str, Any]) -> list[str]:
+    """A line per group naming (the first of) its selected classes with no record at the headline revision."""
+    lines = []
+    for g in summary["groups"].values():
+        names = g.get("not_run_classes", [])
+        if names and not g["total"]:
+            lines.append(f"- {g['engine']} {g['backend']} {g['shapes']}: no record at the headline revision: all {len(names)} selected classes not run.")
+        elif names:
+            shown = ", ".join(names[:12]) + (f", ... ({len(names) - 12} more, all in summary.json)" if len(names) > 12 else "")
+            lines.append(f"- {g['engine']} {g['backend']} {g['shapes']}: {len(names)} not run: {shown}.")
+    return ([*lines, ""] if lines else [])
+
+
 def compare_engines(records: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Jobs (class, backend, shapes) that pass with ours and fail upstream, and the reverse."""
+    """Jobs (class, backend, shapes) that pass with ours and fail upstream, and the reverse (``records``: the
+    headline's, :func:`headline_records`)."""
     by = {(r["engine"], backend_of(r), shapes_of(r), r["model_class"]): r["outcome"] for r in latest(records)}
     ours_only, upstream_only = [], []
     for (engine, backend, shapes, cls), outcome in sorted(by.items()):
@@ -131,7 +266,7 @@ def compare_engines(records: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 #: stages of the sweep's own setup (before any export): failures there say nothing of the exporters
-SETUP_STAGES = ("tiny config", "inputs", "eager")
+SETUP_STAGES = ("tiny config", "inputs", "eager", "signal")
 
 
 def top_failure_kinds(
@@ -139,7 +274,8 @@ def top_failure_kinds(
 ) -> list[dict[str, Any]]:
     """Failure kinds by the number of model classes they cost (then jobs), with example classes.
 
-    ``engine``: only that engine's jobs; ``export_side``: only failures past the sweep's own setup
+    ``records``: the headline's (:func:`headline_records`); ``engine``: only that engine's jobs; ``export_side``:
+    only failures past the sweep's own setup
     (:data:`SETUP_STAGES`), i.e. in an exporter, the lowering, the runtime or the parity check.
     """
     failing = [
@@ -167,14 +303,22 @@ def top_failure_kinds(
     return out
 
 
-def write_reports(directory: Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
-    """Write ``summary.json``, ``report.md`` and ``pass_rates.png`` into ``directory``; return the summary."""
+def write_reports(
+    directory: Path, records: list[dict[str, Any]], meta: dict[str, Any],
+    selection: dict[str, list[str]] | None = None, revision: str | None = None,
+) -> dict[str, Any]:
+    """Write ``summary.json``, ``report.md`` and ``pass_rates.png`` into ``directory``; return the summary.
+
+    Every figure of the headline comes from the records of one code revision (``revision``, else the newest
+    record's: :func:`headline_revision`) and counts every selected class (``selection``, see :func:`summarize`);
+    records of other revisions are counted as history only."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    summary = summarize(records, meta)
-    summary["top_failure_kinds"] = top_failure_kinds(records)
-    summary["top_export_failure_kinds"] = top_failure_kinds(records, engine="ours", export_side=True)
-    summary["engine_differences"] = compare_engines(records)
+    summary = summarize(records, meta, selection, revision)
+    rows = headline_records(records, summary["headline_revision"], _selection(records, selection))
+    summary["top_failure_kinds"] = top_failure_kinds(rows)
+    summary["top_export_failure_kinds"] = top_failure_kinds(rows, engine="ours", export_side=True)
+    summary["engine_differences"] = compare_engines(rows)
     (directory / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
     (directory / "report.md").write_text(render_markdown(summary))
     write_chart(directory / "pass_rates.png", summary)
@@ -210,22 +354,38 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"- Model classes reachable from the Auto mappings: **{summary.get('classes_total', '?')}** "
         f"({summary.get('base_classes_total', '?')} base model classes, one per model type).",
         f"- Classes selected: **{summary.get('classes_selected', '?')}** ({summary.get('class_set', '?')}); "
-        f"classes run: **{summary['classes_run']}**; jobs recorded: **{summary['jobs_recorded']}**.",
-        f"- Generation mode: **{summary.get('generative_classes_total', '?')}** generative classes (one per model type); "
-        f"run: **{summary.get('generation_classes_run', 0)}**.",
-        f"- Versions: {', '.join(f'{k} {v}' for k, v in summary.get('versions', {}).items())}; code revision `{summary.get('revision', '?')}`.",
-        f"- Command(s): {'; '.join('`' + r.get('command', '') + '`' for r in summary.get('runs', [])) or '?'}",
+        f"generation mode: **{summary.get('generation_classes_selected', '?')}** of "
+        f"{summary.get('generative_classes_total', '?')} generative classes (one per model type). Every selected class "
+        "is in every denominator of its mode: a class with no record in a group is counted `not run`.",
+        f"- Headline revision: `{summary.get('headline_revision') or 'any (records name none)'}`"
+        f"{' (chosen with --headline-revision)' if summary.get('headline_revision_requested') else ' (the newest record' + chr(39) + 's)'}: "
+        f"every figure below comes from its **{summary.get('records_headline', summary['jobs_recorded'])}** records "
+        f"({summary['jobs_recorded']} jobs of selected classes; classes with a record: {summary['classes_run']} forward, "
+        f"{summary.get('generation_classes_run', 0)} generation"
+        + (f"; {summary['records_outside_selection']} records of classes outside the selection not counted" if summary.get("records_outside_selection") else "")
+        + f"). **{summary.get('records_history', 0)}** records of {summary.get('revisions_history', 0)} other revisions are kept as "
+        "history only (last section).",
+        f"- Versions: {', '.join(f'{k} {v}' for k, v in summary.get('versions', {}).items())}; this report written at code revision `{summary.get('revision', '?')}`.",
+        f"- Command(s) at the headline revision: {'; '.join('`' + r.get('command', '') + '`' for r in _headline_runs(summary)) or 'none recorded'}"
+        + (f" ({len(summary.get('runs', [])) - len(_headline_runs(summary))} runs under other revisions in runs.jsonl)." if len(summary.get("runs", [])) > len(_headline_runs(summary)) else "."),
         "- A pass is numeric parity within the backend's tolerance on every output element, in the backend's real "
-        "runtime (torch.export.load / onnxruntime / executorch.runtime); dynamic jobs ask every axis to be dynamic, "
+        "runtime (torch.export.load / onnxruntime / executorch.runtime), of a model whose eager outputs carry signal; each "
+        "record gives the largest absolute difference (`max_abs_diff`) and the relative one (`max_rel_diff`: per output, "
+        "max abs diff / max |eager|, the largest). Upstream's artifacts run the way upstream runs them: on the inputs as "
+        "its `prepare_for_export` left them (the `cu_seqlens`, `position_ids`, ... it precomputes), eager on the sweep's "
+        "own. Dynamic jobs ask every axis to be dynamic, "
         "also run a second input set whose batch and length axes grew (the same set for both engines), and fail when the batch axis or the length axis of "
         "token ids, masks or raw audio ended static (other axes the model fixes are listed, not failed). Generation jobs (shapes "
         "`generation`, one generative class per model type, our engine only) export the prefill/decode (and encoder) "
         "parts, generate 8 greedy tokens from the written folder in the runtime and pass when the ids equal eager `generate()`.",
+        f"- Signal rule (forward jobs; records carry the figures as `signal`: per output max |x|, std and the change "
+        f"between the two input sets): {RULE}.",
         "",
         "## Pass rates",
         "",
         *_table(summary),
         "",
+        *_not_run_lines(summary),
         *_one_set_lines(summary),
         "![pass rates](pass_rates.png)",
         "",
@@ -237,7 +397,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "",
         "### Export-side failures of our engine",
         "",
-        "Past the sweep's own setup (tiny config, inputs, eager): in an exporter stage, the lowering, the runtime "
+        "Past the sweep's own setup (tiny config, inputs, eager, signal): in an exporter stage, the lowering, the runtime "
         "or the parity check.",
         "",
         *_kinds_table(summary.get("top_export_failure_kinds", [])),
@@ -252,7 +412,14 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines.append("")
     lines += [f"- {x}" for x in diff.get("upstream_pass_ours_fails", [])[:100]] or ["- (none)"]
     lines.append("")
+    lines += _history_table(summary)
     return "\n".join(lines)
+
+
+def _headline_runs(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs (runs.jsonl) made at the headline revision."""
+    revision = summary.get("headline_revision")
+    return [r for r in summary.get("runs", []) if revision is None or r.get("revision") == revision]
 
 
 # ── PNG chart without a plotting library ────────────────────────────────────

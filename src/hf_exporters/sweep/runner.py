@@ -603,7 +603,7 @@ def run_isolated(spec: dict[str, Any], timeout: float = DEFAULT_TIMEOUT, memory_
 # ── The pool ─────────────────────────────────────────────────────────────────
 
 #: stages that do not depend on the backend or the engine: one failure there stands for the class
-CLASS_STAGES = ("tiny config", "inputs", "eager")
+CLASS_STAGES = ("tiny config", "inputs", "eager", "signal")
 
 
 class SweepInterrupted(BaseException):
@@ -682,7 +682,7 @@ def run_jobs(
             earlier = class_failures.get((spec["class"], spec.get("mode", "forward")))
         if earlier is None:
             return None
-        copy = {k: earlier[k] for k in ("outcome", "stage", "kind", "blamed", "message") if k in earlier}
+        copy = {k: earlier[k] for k in ("outcome", "stage", "kind", "blamed", "message", "signal") if k in earlier}
         copy.update(seconds=0.0, reused_from=earlier["key"])
         return copy
 

@@ -34,12 +34,25 @@ def write_baseline(records: list[dict[str, Any]], path: Path = BASELINE) -> None
     path.write_text(json.dumps({"comment": "written by `hf-exporters sweep --smoke --update-baseline`", "expected": dict(sorted(expected.items()))}, indent=2) + "\n")
 
 
-def regressions(records: list[dict[str, Any]], baseline: dict[str, str]) -> list[str]:
-    """Jobs the baseline expects to pass that did not."""
+def regressions(records: list[dict[str, Any]], baseline: dict[str, str], planned: set[str] | None = None) -> list[str]:
+    """Jobs the baseline expects to pass that did not, or that passed without the signal rule's verdict.
+
+    ``records``: the latest record of each job at the run's revision. A job the baseline expects to pass fails
+    the smoke sweep when its record is not a pass (a ``degenerate model`` included), when a forward job's pass
+    carries no ``signal`` verdict or one that is not ok (:mod:`~.signal_check`: a pass on outputs without
+    signal is vacuous), or, among ``planned`` keys, when it has no record (not run)."""
     got = {r["key"]: r for r in records}
     out = []
     for key, expected in sorted(baseline.items()):
         record = got.get(key)
-        if expected == "pass" and record is not None and record["outcome"] != "pass":
+        if expected != "pass":
+            continue
+        if record is None:
+            if planned is not None and key in planned:
+                out.append(f"{key}: expected pass, not run")
+            continue
+        if record["outcome"] != "pass":
             out.append(f"{key}: expected pass, got {record['outcome']} at {record.get('stage')}: {record.get('message')}")
+        elif record.get("mode", "forward") != "generation" and not (record.get("signal") or {}).get("ok"):
+            out.append(f"{key}: passed without the signal check's verdict (outputs carrying signal): {record.get('signal')}")
     return out

@@ -21,6 +21,12 @@ stage are kept small.
 
 Where the generic rule cannot serve a family, :data:`FAMILY_OVERRIDES` sets fields by hand; each
 entry says why.
+
+Signal (:mod:`~hf_exporters.sweep.signal_check`): a tiny model must compute something a parity check can see.
+:data:`INIT_FLOORS` raises the init scales a config spells too small for a tiny, untrained model (a tower
+drawn at 1e-10, residual branches scaled by 1e-6) and :func:`calibrate_running_stats` gives batch
+normalisations the statistics of the activations they see, as training would (left at mean 0 and variance 1,
+a stack of convolutions drawn at the init scale shrinks the signal at each layer to 1e-28 and below).
 """
 
 from __future__ import annotations
@@ -170,6 +176,15 @@ def _detection_backbone() -> dict[str, Any]:
         **dict.fromkeys(("stage_out_channels", "depths", "stage_names"), DERIVED),
     }
 
+
+#: the init scale of the families whose outputs come out of stacks of layers with no normalisation between them
+_HEAD_INIT = 0.1
+_HEAD_INIT_REASON = (
+    "signal: the outputs come through stacks of linear or convolution layers with no normalisation between them"
+    " (mask decoders' hypernetwork and IoU heads, audio decoders); drawn at 0.02, each layer of the tiny width (64)"
+    " has a gain of about 0.16, so the outputs end below the signal floor (sweep.signal_check); at 0.1 they carry"
+    " signal"
+)
 
 #: model_type -> (fields to set after the generic rule, why the generic rule cannot serve the family)
 FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
@@ -394,19 +409,22 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         " and the backbone's defaults output the last stage only",
     ),
     "xcodec": (
-        {"codebook_dim": DERIVED},
+        {"codebook_dim": DERIVED, "initializer_range": _HEAD_INIT},
         "the codebook is as wide as the acoustic and semantic hidden sizes together, which the config derives when"
-        " codebook_dim is not passed",
+        " codebook_dim is not passed. " + _HEAD_INIT_REASON + " (with its codebooks calibrated, the decoded audio"
+        " still moved 2e-3 at most with the input)",
     ),
     "xcodec2": (
-        {"quantization_dim": 2 * WIDTH},
+        {"quantization_dim": 2 * WIDTH, "initializer_range": _HEAD_INIT},
         "the quantizer projects the acoustic and semantic features concatenated: quantization_dim is hidden_size"
-        " plus the semantic model's hidden size, both WIDTH in the tiny config",
+        " plus the semantic model's hidden size, both WIDTH in the tiny config. " + _HEAD_INIT_REASON
+        + " (the decoder's waveform was exactly 0 at 0.02)",
     ),
     "neucodec": (
-        {"quantization_dim": 2 * WIDTH},
+        {"quantization_dim": 2 * WIDTH, "initializer_range": _HEAD_INIT},
         "the quantizer projects the acoustic and semantic features concatenated: quantization_dim is hidden_size"
-        " plus the semantic model's hidden size, both WIDTH in the tiny config",
+        " plus the semantic model's hidden size, both WIDTH in the tiny config. " + _HEAD_INIT_REASON
+        + " (the decoder's waveform was exactly 0 at 0.02)",
     ),
     "clvp_encoder": (
         {"num_attention_heads": 2},
@@ -416,6 +434,21 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         {"position_buckets": 16},
         "relative position buckets must not exceed max_position_embeddings after shrinking",
     ),
+    **{
+        model_type: ({"initializer_range": _HEAD_INIT}, f"{_HEAD_INIT_REASON} ({what})")
+        for model_type, what in (
+            ("sam", "the mask decoder's masks were 6e-4 at most and its IoU scores moved 8e-4 with the image"),
+            ("sam_hq", "the masks were 3e-3 at most and the IoU scores moved 8e-4 with the image"),
+            ("sam2", "the masks were 5e-4 at most and the IoU scores moved 7e-5 with the image"),
+            ("sam3_vision_model", "the first feature-pyramid level was 1.5e-3 at most"),
+            ("vibevoice_acoustic_tokenizer", "the decoded audio was 2e-5 at most"),
+            ("vibevoice_acoustic_tokenizer_decoder", "the decoded audio was 1.3e-4 at most"),
+            ("vibevoice_acoustic_tokenizer_encoder", "the latents were 1.4e-3 at most"),
+            ("lightglue", "the matching scores were 5e-5 at most"),
+            ("pp_doclayout_v4", "the reading-order logits were 3e-3 at most"),
+            ("fastspeech2_conformer_hifigan", "the vocoder's waveform was 2e-3 at most"),
+        )
+    },
 }
 
 
@@ -979,7 +1012,7 @@ def _query_placeholder(fields: dict[str, Any]) -> None:
 
 def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> Any:
     """A tiny instance of ``config_class``: its defaults, shrunk by :func:`shrink` (an unset query placeholder id
-    set by :func:`_query_placeholder`), then the family's
+    set by :func:`_query_placeholder`, init scales raised by :func:`raise_init_scales`), then the family's
     :data:`FAMILY_OVERRIDES` and ``overrides``.
 
     Raises:
@@ -988,6 +1021,7 @@ def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> 
     default = config_class()
     fields = keep_width_relations(default.to_dict(), shrink(default.to_dict()))
     _query_placeholder(fields)
+    raise_init_scales(fields)
     model_type = getattr(config_class, "model_type", "")
     if model_type in FAMILY_OVERRIDES:
         _merge(fields, FAMILY_OVERRIDES[model_type][0])
@@ -1001,3 +1035,175 @@ def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> 
 
 def parameter_count(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+# --- signal: init scales and normalisation statistics ---------------------------------------------------------
+
+#: init-scale fields -> their floor, with why. A positive value below the floor is raised to it, in the config
+#: and every sub-config; zero is left alone (it selects a path: no layer scale at all, a zero-initialised gate).
+INIT_FLOORS: dict[str, tuple[float, str]] = {
+    **dict.fromkeys(
+        ("initializer_range", "init_std", "embed_init_std", "embedding_initializer_range"),
+        (
+            0.02,
+            "the std every weight is drawn with: the vision towers of BLIP, BLIP-2, InstructBLIP, SAM, SAM-HQ,"
+            " Pix2Struct, GOT-OCR 2 and the OCR models built on SAM's encoder keep 1e-10 (a trained checkpoint"
+            " overwrites it), which leaves every output of an untrained tower below 1e-5; the RT-DETR, D-FINE and"
+            " HiFi-GAN families' 0.01 and HunYuan's 0.006 shrink each layer's output too; 0.02 is the common default",
+        ),
+    ),
+    **dict.fromkeys(
+        ("layer_scale_init_value", "layerscale_value", "layer_scale_initial_scale", "memory_fuser_layer_scale_init_value"),
+        (
+            0.1,
+            "the per-channel scale of each residual branch (ConvNeXt 1e-6, PoolFormer 1e-5, FocalNet 1e-4, Mimi 0.01):"
+            " untrained, a branch adds 1e-6 of its output to the residual stream, so the blocks' computation stays"
+            " below any tolerance; 0.1 is BEiT's default",
+        ),
+    ),
+}
+
+
+def raise_init_scales(fields: dict[str, Any]) -> list[str]:
+    """Raise the init scales of :data:`INIT_FLOORS` to their floor in ``fields`` (a config's ``to_dict()``, sub-configs
+    included), in place; returns the dotted names of the fields raised."""
+    raised: list[str] = []
+
+    def walk(d: dict[str, Any], prefix: str) -> None:
+        for key, value in d.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            elif key in INIT_FLOORS and isinstance(value, (int, float)) and not isinstance(value, bool):
+                floor = INIT_FLOORS[key][0]
+                if 0 < value < floor:
+                    d[key] = floor
+                    raised.append(prefix + key)
+
+    walk(fields, "")
+    return raised
+
+
+#: the least running variance a calibrated normalisation keeps: a channel constant on the calibrating inputs
+#: (a ReLU that never fires, one value per channel) is scaled up at most 1 / sqrt(1e-4) = 100-fold
+RUNNING_VAR_FLOOR = 1e-4
+#: ... and at least this share of the mean variance of its module's channels: late stages of a tiny image see one
+#: or two values per channel (a batch of 2 at 1 x 1), whose variance is mostly chance; a channel that drew two
+#: close values would otherwise be scaled up a hundredfold and amplify any other input (or rounding) as much
+RELATIVE_VAR_FLOOR = 0.1
+#: values per channel below which a normalisation gets one mean and one variance over all its channels: the
+#: statistics of one or two values per channel (a batch of 2 at 1 x 1 in LeViT's last stage) are chance, and centring
+#: each channel on its own mean would zero the calibrating inputs' features and blow up any others
+MIN_CHANNEL_SAMPLES = 16
+
+
+def has_running_stats(module: Any) -> bool:
+    """Whether ``module`` normalises with running statistics: a batch normalisation (``nn.BatchNorm*``, or a
+    frozen one such as DETR's, with ``running_mean`` and ``running_var`` buffers of one value per channel)."""
+    import torch
+
+    mean, var = getattr(module, "running_mean", None), getattr(module, "running_var", None)
+    return isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor) and mean.dim() == 1 and mean.shape == var.shape
+
+
+def zero_codebook(module: Any) -> Any:
+    """The all-zero codebook tensor of a vector quantizer's codebook module (``embed``, or ``embed_sum`` as Mimi keeps
+    it), or None: a module with a ``quantize`` method whose codebook training fills by k-means from its first batch."""
+    import torch
+
+    if not callable(getattr(type(module), "quantize", None)):
+        return None
+    for name in ("embed", "embed_sum"):
+        table = module._buffers.get(name, None) if hasattr(module, "_buffers") else None
+        if isinstance(table, torch.Tensor) and table.dim() == 2 and table.numel() and not bool(table.any()):
+            return table
+    return None
+
+
+def has_calibration(module: Any) -> bool:
+    """Whether :func:`calibrate_from_inputs` has something to set in ``module``."""
+    return has_running_stats(module) or zero_codebook(module) is not None
+
+
+def calibrate_running_stats(model: Any, inputs: dict[str, Any]) -> list[str]:
+    """Set what a trained model learns from its data and a tiny one lacks, from one eval-mode forward on ``inputs``;
+    returns the names of the modules set. (:func:`calibrate_from_inputs` is the same function.)
+
+    - Batch normalisations get the running statistics of the activations they see. A tiny model's keep their init
+      statistics (mean 0, variance 1): in eval mode each is then an identity, and a stack of convolutions drawn at
+      the init scale (MobileNet, EfficientNet, HGNetV2, LeViT) shrinks the signal at every layer until the outputs
+      are 1e-28, where any artifact, zeros included, passes a parity check. Trained, each normalisation holds the
+      mean and variance of its input over the data; this gives it those of the sweep's inputs. A hook before each
+      module sets them from its input (channels on axis 1, statistics over every other axis, or over all values
+      when a channel has fewer than :data:`MIN_CHANNEL_SAMPLES`; a variance at least :data:`RUNNING_VAR_FLOOR` and
+      :data:`RELATIVE_VAR_FLOOR` of the channels' mean), so each normalisation sees the already normalised outputs of
+      the ones before it.
+    - Vector quantizers' codebooks left all zero (Encodec, Mimi, X-codec: training fills them by k-means from the
+      first batch) get entries drawn from the vectors they are asked to quantize, each with a little noise (0.1 of
+      those vectors' spread). An all-zero codebook maps every frame to entry 0, whatever the audio, so the decoded
+      audio is the same for every input: a constant an artifact passes by returning it.
+
+    Deterministic: the same inputs give the same statistics and entries.
+    """
+    import torch
+
+    from ..shapes import clone_tree
+
+    norms = [(name, module) for name, module in model.named_modules() if has_running_stats(module)]
+    codebooks = [(name, module) for name, module in model.named_modules() if zero_codebook(module) is not None]
+    if not norms and not codebooks:
+        return []
+    done: list[str] = []
+    generator = torch.Generator().manual_seed(0)
+
+    def hook_for(name: str):  # noqa: ANN202
+        def hook(module: Any, args: tuple[Any, ...]) -> None:
+            x = args[0] if args else None
+            mean, var = module.running_mean, module.running_var
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 2 or x.shape[1] != mean.numel():
+                return
+            axes = [d for d in range(x.dim()) if d != 1]
+            values = x.detach().to(mean.dtype)
+            if values.numel() // mean.numel() < MIN_CHANNEL_SAMPLES:  # too few values per channel: one mean and variance
+                centre = values.mean().expand_as(mean)
+                spread = values.var(unbiased=False).expand_as(var)
+            else:
+                centre, spread = values.mean(dim=axes), values.var(dim=axes, unbiased=False)
+            floor = max(RUNNING_VAR_FLOOR, RELATIVE_VAR_FLOOR * float(spread.mean()))
+            mean.copy_(centre)
+            var.copy_(spread.clamp(min=floor))
+            done.append(name)
+
+        return hook
+
+    def quantize_for(name: str, module: Any):  # noqa: ANN202
+        original = type(module).quantize
+
+        def quantize(hidden_states: Any) -> Any:
+            table = zero_codebook(module)
+            if table is not None and isinstance(hidden_states, torch.Tensor) and hidden_states.shape[-1] == table.shape[1]:
+                rows = hidden_states.detach().reshape(-1, table.shape[1]).to(table.dtype)
+                picks = torch.randint(0, rows.shape[0], (table.shape[0],), generator=generator)
+                noise = torch.randn(table.shape, generator=generator, dtype=table.dtype) * 0.1 * float(rows.std())
+                table.copy_(rows[picks] + noise)
+                if "_embed" in vars(module):  # Mimi caches embed_sum / cluster_usage
+                    module._embed = None
+                done.append(name)
+            return original(module, hidden_states)
+
+        return quantize
+
+    handles = [module.register_forward_pre_hook(hook_for(name)) for name, module in norms]
+    for name, module in codebooks:
+        module.quantize = quantize_for(name, module)  # an instance attribute over the class's method, removed below
+    try:
+        with torch.no_grad():
+            model(**clone_tree(inputs))
+    finally:
+        for handle in handles:
+            handle.remove()
+        for _, module in codebooks:
+            vars(module).pop("quantize", None)
+    return sorted(set(done))
+
+
+calibrate_from_inputs = calibrate_running_stats
