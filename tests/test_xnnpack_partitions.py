@@ -79,12 +79,14 @@ def test_attention_decomposition_equals_torch_including_fully_masked_rows():
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert float((got - want).abs().max()) < 1e-6
     assert float(got[0, :, 2].abs().max()) == 0.0
-    assert got.transpose(1, 2).is_contiguous()  # the layout of torch's CPU kernel, which a traced view may rely on
+    assert got.permute(2, 0, 1, 3).is_contiguous()  # the layout of torch's CPU flash kernel, which a traced view may rely on
     unmasked = attention_for_xnnpack(q, k, v, None, scale=0.5)
     assert float((unmasked - torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.5)).abs().max()) < 1e-6
-    # what it does not handle keeps torch's decomposition
-    assert attention_for_xnnpack(q, k, v, mask.float()) is NotImplemented
-    assert attention_for_xnnpack(q, k, v, is_causal=True) is NotImplemented
+    # what it does not handle gets torch's own decomposition (the same values)
+    additive = torch.zeros(2, 1, 5, 5).masked_fill(~mask, float("-inf"))
+    for kwargs in ({"attn_mask": additive}, {"is_causal": True}):
+        got = attention_for_xnnpack(q, k, v, **kwargs)
+        assert float((got - torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)).nan_to_num().abs().max()) < 1e-6
 
 
 def test_layer_norm_decomposition_equals_torch():

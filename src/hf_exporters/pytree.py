@@ -236,7 +236,9 @@ def _decode(ctx: tuple, leaves: list[Any], pos: list[int]) -> Any:
             else:
                 state[name] = _decode(c, leaves, pos)
         for name, source, dim in sized:
-            state[name] = state[source].shape[dim]
+            # ExecuTorch's emitter unflattens with placeholder leaves (ints): no size to read then
+            value = state[source]
+            state[name] = value.shape[dim] if isinstance(value, torch.Tensor) else None
         return instance
     raise ValueError(f"unknown pytree context tag {tag!r}")
 

@@ -63,16 +63,16 @@ def attention_for_xnnpack(
 ) -> Any:
     """``scaled_dot_product_attention`` of ``query (B, H, L, E)``, ``key (B, H, S, E)``, ``value (B, H, S, Ev)``
     and a boolean ``attn_mask`` broadcastable to ``(B, H, L, S)`` (True: attend), as ``bmm``, ``softmax``,
-    ``add`` and ``mul``; returns ``(B, H, L, Ev)``. ``NotImplemented`` (torch's decomposition then
-    applies) for other ranks, float masks, ``is_causal``, dropout, and key/value with other head counts."""
-    if dropout_p or is_causal or query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        return NotImplemented
-    if _symbolic(query, key, value, attn_mask):
-        return NotImplemented  # XNNPACK claims no view with two symbolic sizes: nothing to gain
-    if query.dtype != torch.float32 or key.shape[:2] != query.shape[:2] or value.shape[:2] != query.shape[:2]:
-        return NotImplemented
-    if attn_mask is not None and (attn_mask.dtype != torch.bool or attn_mask.dim() != 4):
-        return NotImplemented
+    ``add`` and ``mul``; returns ``(B, H, L, Ev)``. Other ranks, float masks, ``is_causal``, dropout,
+    symbolic sizes and key/value with other head counts get torch's own decomposition (the op's
+    composite implementation), as without this table entry."""
+    handled = not (dropout_p or is_causal or query.dim() != 4 or key.dim() != 4 or value.dim() != 4)
+    handled = handled and not _symbolic(query, key, value, attn_mask)  # XNNPACK claims no view with two symbolic sizes
+    handled = handled and query.dtype == torch.float32 and key.shape[:2] == query.shape[:2] == value.shape[:2]
+    handled = handled and (attn_mask is None or (attn_mask.dtype == torch.bool and attn_mask.dim() == 4))
+    flash = _torch_picks_flash(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if not handled:
+        return _torch_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, flash)
     batch, heads, length, dim = query.shape
     keys, value_dim = key.shape[2], value.shape[3]
     factor = scale if scale is not None else 1.0 / math.sqrt(dim)
@@ -87,11 +87,45 @@ def attention_for_xnnpack(
         weights = torch.softmax(scores + bias, dim=-1) * keep
     probabilities = weights.reshape(batch * heads, length, keys)
     out = torch.bmm(probabilities, value.reshape(batch * heads, keys, value_dim)).view(batch, heads, length, value_dim)
-    if value_dim != dim:
-        return out  # torch's math kernel (head sizes differ): a contiguous (B, H, L, Ev)
-    # torch's CPU flash-attention kernel (equal head sizes) returns (B, H, L, Ev) laid out as
-    # (B, L, H, Ev); the traced graph may view the transposed output on that layout
-    return out.transpose(1, 2).contiguous().transpose(1, 2)
+    if not flash:
+        return out  # torch's math kernel: a contiguous (B, H, L, Ev)
+    # torch's CPU flash-attention kernel returns (B, H, L, Ev) laid out as (L, B, H, Ev), and the traced
+    # graph may view its permuted output on that layout (torch/_decomp keeps it the same way)
+    return out.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+
+
+def _torch_picks_flash(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any, dropout_p: float, is_causal: bool, scale: Any, enable_gqa: bool
+) -> bool:
+    """Whether the traced graph ran these inputs through torch's CPU flash-attention kernel (pre-dispatch
+    export does for 4-D inputs, no dropout and one head size; torch's own decomposition of that kernel
+    keeps its output layout)."""
+    return query.dim() == 4 and key.dim() == 4 and value.dim() == 4 and not dropout_p and query.shape[3] == key.shape[3] == value.shape[3]
+
+
+def _torch_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Any,
+    dropout_p: float,
+    is_causal: bool,
+    scale: Any,
+    enable_gqa: bool,
+    flash: bool,
+) -> torch.Tensor:
+    """What ``scaled_dot_product_attention``'s composite implementation does on CPU: a boolean mask
+    made additive, then the flash-attention or the math kernel (each decomposed further by the table).
+    Returning ``NotImplemented`` instead would leave the op itself in the graph, which the edge dialect refuses."""
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(query.dtype)
+    if flash:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+        )[0]
+    return torch.ops.aten._scaled_dot_product_attention_math.default(
+        query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
+    )[0]
 
 
 def layer_norm_for_xnnpack(
