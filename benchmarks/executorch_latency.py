@@ -28,6 +28,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import interleaved_ms  # noqa: E402
 import transformers  # noqa: E402
 
 transformers.utils.logging.set_verbosity_error()
@@ -81,19 +84,7 @@ def main() -> int:
         inputs = inputs_for(tokenizer, batch, args.seq)
         diff = max(d.max_abs_diff for d in compare_leaves(eager_outputs(model, inputs), runner(inputs), atol=1e-3))
         engines = {"executorch (xnnpack)": lambda: runner(inputs), "eager PyTorch": lambda: model(**inputs)}
-        samples: dict[str, list[float]] = {name: [] for name in engines}
-        with torch.no_grad():
-            for _ in range(args.warmup):
-                for fn in engines.values():
-                    fn()
-            for round_index in range(args.runs):
-                order = list(engines.items())
-                if round_index % 2:
-                    order.reverse()
-                for name, fn in order:
-                    start = time.perf_counter()
-                    fn()
-                    samples[name].append((time.perf_counter() - start) * 1000)
+        samples = interleaved_ms(engines, args.runs, args.warmup)
         ours = statistics.median(samples["executorch (xnnpack)"])
         for name, values in samples.items():
             median = statistics.median(values)

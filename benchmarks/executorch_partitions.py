@@ -31,6 +31,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import interleaved_ms  # noqa: E402
 import transformers  # noqa: E402
 
 transformers.utils.logging.set_verbosity_error()
@@ -129,19 +132,7 @@ def main() -> int:
         variants = {"with the workaround": export(model, inputs, True), "without": export(model, inputs, False)}
         engines = {f".pte {name}": (lambda r=v["runner"]: r(inputs)) for name, v in variants.items()}
         engines["eager PyTorch"] = lambda: model(**inputs)
-        samples = {name: [] for name in engines}
-        with torch.no_grad():
-            for _ in range(args.warmup):
-                for fn in engines.values():
-                    fn()
-            for round_index in range(args.runs):
-                order = list(engines.items())
-                if round_index % 2:
-                    order.reverse()
-                for name, fn in order:
-                    start = time.perf_counter()
-                    fn()
-                    samples[name].append((time.perf_counter() - start) * 1000)
+        samples = interleaved_ms(engines, args.runs, args.warmup)
         eager_ms = statistics.median(samples["eager PyTorch"])
         for name, variant in variants.items():
             median = statistics.median(samples[f".pte {name}"])

@@ -1046,7 +1046,7 @@ def test_upstream_artifacts_run_on_the_inputs_its_preparation_left(monkeypatch: 
     """Upstream's ``prepare_for_export`` adds the inputs it precomputes to the mapping it is given and traces
     with them; the sweep ran the artifact on its own inputs ("kwarg keyword mismatch", "the ONNX model takes 2
     inputs"). It runs it on the prepared copy, and grows the second input set from its own inputs, prepared again."""
-    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime", reason="the ONNX leg needs the onnx extra")
     from transformers.exporters import utils as upstream_utils
 
     def prepare(model: torch.nn.Module, inputs: dict) -> None:

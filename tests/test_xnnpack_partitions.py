@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("executorch.runtime")
+pytest.importorskip("executorch.runtime", reason="XNNPACK lowering needs the executorch extra")
 
 from hf_exporters import ExecutorchConfig, ExecutorchExporter  # noqa: E402
 from hf_exporters.runtime.et_runner import ExecutorchRunner  # noqa: E402

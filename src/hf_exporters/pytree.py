@@ -236,9 +236,9 @@ def _decode(ctx: tuple, leaves: list[Any], pos: list[int]) -> Any:
             else:
                 state[name] = _decode(c, leaves, pos)
         for name, source, dim in sized:
-            # ExecuTorch's emitter unflattens with placeholder leaves (ints): no size to read then
+            # ExecuTorch's emitter and the ONNX output naming unflatten placeholder leaves (ints, 0-d tensors)
             value = state[source]
-            state[name] = value.shape[dim] if isinstance(value, torch.Tensor) else None
+            state[name] = value.shape[dim] if isinstance(value, torch.Tensor) and dim < value.dim() else None
         return instance
     raise ValueError(f"unknown pytree context tag {tag!r}")
 
