@@ -80,14 +80,19 @@ def make_exporter(backend: str) -> Any:
     return getattr(importlib.import_module(module), name)()
 
 
-def make_config(exporter: Any, dynamic: bool, recipe: str | None, max_seq_len: int | None = None) -> Any:
+def make_config(
+    exporter: Any, dynamic: bool, recipe: str | None, max_seq_len: int | None = None, on_static_axis: str = "warn"
+) -> Any:
     """The exporter's config with ``dynamic`` (and, for ExecuTorch, the backend ``recipe`` and the
-    ``max_seq_len`` bound of dynamic axes) set.
+    ``max_seq_len`` bound of dynamic axes) set; ``on_static_axis`` is ``"warn"`` or ``"error"``.
 
     Raises:
-        InputError: ``recipe`` or ``max_seq_len`` for another backend than executorch; ``max_seq_len`` < 2.
+        InputError: ``recipe`` or ``max_seq_len`` for another backend than executorch; ``max_seq_len`` < 2;
+            ``on_static_axis`` neither ``"warn"`` nor ``"error"``.
     """
-    config = exporter.config_class(dynamic=dynamic)
+    if on_static_axis not in ("warn", "error"):
+        raise InputError(f"--on-static-axis must be warn or error, got {on_static_axis!r}")
+    config = exporter.config_class(dynamic=dynamic, on_static_axis=on_static_axis)
     if recipe is not None:
         if not hasattr(config, "backend"):
             raise InputError(f"--recipe applies to the executorch backend only, not {exporter.name!r}")
@@ -254,8 +259,14 @@ def export_to_folder(
     overwrite: bool = False,
     aoti: bool = False,
     max_seq_len: int | None = None,
+    on_static_axis: str = "warn",
 ) -> dict[str, Any]:
     """Export ``model`` with ``backend`` into the folder ``output`` and return the manifest written there.
+
+    With ``dynamic``, ``export.json`` lists ``static_axes`` (asked to be dynamic, fixed to one size:
+    by the trace or by an input guard, then with the guard and the model line that added it) and
+    ``constrained_axes`` (symbolic, but refusing size 1, with their range); ``on_static_axis="error"``
+    fails the export on a static axis instead of recording it.
 
     With ``validate``, the saved artifact is run in its runtime on ``inputs`` and, when dynamic, on a
     second input set of other sizes; a difference beyond ``atol`` (default: the backend's) fails.
@@ -275,7 +286,7 @@ def export_to_folder(
     exporter = make_exporter(backend)
     if aoti and backend != "dynamo":
         raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
-    config = make_config(exporter, dynamic, recipe, max_seq_len)
+    config = make_config(exporter, dynamic, recipe, max_seq_len, on_static_axis)
     tolerance = exporter.default_atol if atol is None else atol
 
     manifest: dict[str, Any] = {}
@@ -328,7 +339,8 @@ def export_to_folder(
                 "outputs": _outputs_entry(exporter, program, eager_outputs(model, inputs)),
                 "dynamic": dynamic,
                 "dynamic_axes": dynamic_axes(ep, inputs) if ep is not None else {},
-                "static_axes": [{"input": a.input, "axis": a.axis, "size": a.size} for a in exporter.static_axes],
+                "static_axes": [a.as_json() for a in exporter.static_axes],
+                "constrained_axes": [a.as_json() for a in getattr(exporter, "constrained_axes", [])],
                 "export_seconds": round(export_seconds, 3),
                 "validated": validate,
                 "atol": tolerance,

@@ -13,10 +13,11 @@ import torch
 
 from .. import registry
 from ..config import DynamoConfig
+from ..errors import ExportStageError
 from ..folders import AOTI_SUFFIX
 from ..pytree import materialize_caches, register_model_pytrees
 from ..runtime.torch_runner import ExportedProgramRunner
-from ..shapes import StaticAxis, auto_dynamic_shapes, size_oblivious_sizes, static_axes
+from ..shapes import ConstrainedAxis, StaticAxis, auto_dynamic_shapes, axis_report, recorded_guards, size_oblivious_sizes
 from ._common import (
     cleared_model_state,
     clone_inputs,
@@ -90,7 +91,11 @@ class DynamoExporter:
     4. Dynamic shapes: ``Dim.AUTO`` on every tensor axis when ``config.dynamic``.
     5. State cleanup: attributes a forward caches on modules are cleared for the trace.
 
-    After the trace, :attr:`static_axes` lists every axis that was asked to be dynamic and ended static.
+    After the trace, :attr:`static_axes` lists every axis that was asked to be dynamic and ended static
+    (its placeholder shows a number, or an input guard pins it to the example's size: the guard and
+    the model line that added it are named), and :attr:`constrained_axes` every one that stayed
+    symbolic but refuses size 1. ``config.on_static_axis`` says whether a static axis is a warning
+    (the default) or an error.
 
     Example::
 
@@ -107,6 +112,7 @@ class DynamoExporter:
 
     def __init__(self) -> None:
         self.static_axes: list[StaticAxis] = []
+        self.constrained_axes: list[ConstrainedAxis] = []
         self.dynamic_shapes: Any = None
         #: whether the last dynamic trace ran under size-oblivious reasoning (False after the plain retry)
         self.size_oblivious = False
@@ -255,16 +261,33 @@ class DynamoExporter:
             with stage(self.name, "Stage 5: State cleanup"):
                 stack.enter_context(cleared_model_state(model))
 
-            with stage(self.name, "trace (torch.export.export)"):
+            with stage(self.name, "trace (torch.export.export)"), recorded_guards() as guards:
                 exported = self._trace(model, inputs, dynamic_shapes, config)
 
         self.exported_program = exported
-        self.static_axes = static_axes(exported, inputs, dynamic_shapes) if dynamic_shapes is not None else []
+        self.static_axes, self.constrained_axes = [], []
+        if dynamic_shapes is not None:
+            self.static_axes, self.constrained_axes = axis_report(exported, inputs, dynamic_shapes, guards)
         if self.static_axes:
+            listing = ", ".join(map(str, self.static_axes))
+            if config.on_static_axis == "error":
+                raise ExportStageError(
+                    self.name,
+                    "Stage 4: Dynamic shapes",
+                    f"{len(self.static_axes)} axis/axes asked to be dynamic ended static (the program accepts only "
+                    f"these sizes): {listing}; export with an example of other sizes, or on_static_axis='warn'",
+                )
             logger.warning(
                 "%s: %d axis/axes asked to be dynamic ended static (the program accepts only these sizes): %s",
                 type(model).__name__,
                 len(self.static_axes),
-                ", ".join(map(str, self.static_axes)),
+                listing,
+            )
+        if self.constrained_axes:
+            logger.warning(
+                "%s: %d dynamic axis/axes refuse size 1: %s",
+                type(model).__name__,
+                len(self.constrained_axes),
+                ", ".join(map(str, self.constrained_axes)),
             )
         return exported
