@@ -82,7 +82,7 @@ def _lower_and_run(model, example, fixes, run_shapes, make=None):
 
 
 def test_export_reads_as_five_stages():
-    source = inspect.getsource(ExecutorchExporter.export)
+    source = inspect.getsource(ExecutorchExporter.run)
     titles = re.findall(r"# ── (Stage \d: [^─]+) ──", source)
     assert titles == [
         "Stage 1: Backend preparation",
@@ -91,7 +91,7 @@ def test_export_reads_as_five_stages():
         "Stage 4: FX program fixes",
         "Stage 5: FX node fixes",
     ]
-    assert "super().export(" in source
+    assert "super().run(" in source
 
 
 def test_interface_attributes():
