@@ -7,7 +7,7 @@ A workaround is either
   replacement while a block runs and restores the original afterwards, whatever happens in the block;
 * a **fix**: a rewrite of the traced program, not reverted. ``register_fx_node_fix(backend)``
   registers ``fix(graph_module, node) -> bool``; ``register_fx_program_fix(backend)`` registers
-  ``fix(exported_program) -> None``.
+  ``fix(exported_program) -> bool | None`` (False: the program needed nothing).
 
 Backend-specific tables live here too: ONNX translations (aten op -> onnxscript function, passed as
 torch.onnx's custom translation table), ONNX IR fixes (rewrites on the finished ``onnx_ir`` model)
