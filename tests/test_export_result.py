@@ -278,3 +278,34 @@ def test_executorch_partitions_count_the_delegate_calls(backend, delegated):
     assert result.manifest_entries()["partitions"] == {"forward": delegated}
     assert list(result.stage_seconds)[:2] == ["Stage 1: Backend preparation", "Stage 2: Torch patches"]
     assert list(result.stage_seconds)[-2:] == ["lowering (to_edge_transform_and_lower)", "serialisation (to_executorch)"]
+
+
+# ── Generation folders ────────────────────────────────────────────────────────
+
+
+def test_a_generation_folder_records_each_parts_result(tmp_path):
+    import transformers
+
+    from hf_exporters.generation import export_for_generation
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    inputs = {"input_ids": torch.randint(0, 64, (2, 5)), "attention_mask": torch.ones(2, 5, dtype=torch.long)}
+    artifacts = export_for_generation(DynamoExporter(), model, inputs, DynamoConfig())
+    assert set(artifacts.results) == set(artifacts) == {"prefill", "decode"}
+    for name, result in artifacts.results.items():
+        assert result.program is artifacts[name]
+        assert result.dynamic_shapes is not None  # every part is exported with dynamic axes
+    manifest = artifacts.save_pretrained(tmp_path / "gen")
+    for name, result in artifacts.results.items():
+        entry = manifest["parts"][name]
+        assert entry["capture_strategy"] == result.capture_strategy == "size-oblivious trace"
+        assert list(entry["stage_seconds"]) == [*_code_stages("dynamo"), "trace (torch.export.export)"]
+        assert [w["name"] for w in entry["workarounds_fired"]] == [w.name for w in result.workarounds_fired]
+        assert "_patch_dim_constraints_skip_unsolvable" in [w["name"] for w in entry["workarounds_fired"]]
+        assert "partitions" not in entry
+    written = json.loads((tmp_path / "gen" / "export.json").read_text())
+    assert written["parts"]["decode"]["capture_strategy"] == "size-oblivious trace"
