@@ -16,9 +16,9 @@ from ..config import ExecutorchConfig
 from ..deps import require
 from ..errors import InputError
 from ..pytree import register_model_pytrees
+from ..runtime.et_runner import INPUT_MUTATIONS_METHOD
 from ..shapes import size_oblivious_sizes
 from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
-from ..runtime.et_runner import INPUT_MUTATIONS_METHOD
 from ._common import normalize_inputs, stage
 from .dynamo import DynamoExporter
 from .result import ExportResult, trace_stage_seconds
