@@ -225,7 +225,7 @@ def test_onnx_stage_seconds_name_every_stage_block():
 
     class Tiny(torch.nn.Module):
         def forward(self, x):
-            return x.view(2, -1)
+            return x.view(2, -1).sum(dim=1)
 
     result = OnnxExporter().run(Tiny(), {"x": torch.randn(2, 3, 4)}, OnnxConfig())
     expected = [
@@ -240,7 +240,11 @@ def test_onnx_stage_seconds_name_every_stage_block():
     assert _code_stages("onnx")[0] == "Stage 1: Torch patches" and _code_stages("onnx")[4] == "Stage 5: ONNX IR fixes"
     assert list(result.stage_seconds) == expected
     assert result.partitions is None and result.optimized is True
-    assert "_fix_view_as_reshape" in [w.name for w in result.workarounds_fired] and result.fx_fixes_applied >= 1
+    fired = {w.name: w for w in result.workarounds_fired}
+    assert fired["_fix_view_as_reshape"].kind == "fx_node_fix" and result.fx_fixes_applied >= 1
+    # the translation of the op the lowered graph holds, and not one of an op it does not
+    assert fired["_aten_sum_int64_exact"].target == "aten::sum.dim_IntList"
+    assert "_aten_repeat_interleave_symbolic_repeats" not in fired and not any(w.target.startswith("aten::pow") for w in fired.values())
 
 
 # ── ExecuTorch partitions ─────────────────────────────────────────────────────

@@ -151,6 +151,7 @@ def capture(
     Raises:
         Exception: the first strategy's exception when every strategy tried failed, with one note per
             later failure (``traced again with plain size reasoning, it failed too: <its first line>``).
+        ValueError: ``strategies`` is empty.
     """
     if not strategies:
         raise ValueError("capture needs at least one strategy")
