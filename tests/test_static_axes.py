@@ -50,22 +50,20 @@ def _exporters():
 
 @pytest.mark.parametrize("exporter_class,config_class", _exporters())
 def test_guard_pinning_a_batch_of_one_is_reported_with_its_source_line(exporter_class, config_class):
-    exporter = exporter_class()
-    exporter.export(BranchOnBatchOfOne(), {"x": torch.randn(1, 3)}, config_class(dynamic=True))
-    assert exporter.static_axes == [StaticAxis("x", 0, 1)]
-    (axis,) = exporter.static_axes
+    result = exporter_class().run(BranchOnBatchOfOne(), {"x": torch.randn(1, 3)}, config_class(dynamic=True))
+    assert result.static_axes == [StaticAxis("x", 0, 1)]
+    (axis,) = result.static_axes
     assert axis.guard == "x.size()[0] == 1"
     assert axis.source == f"{__file__}:{_line_of(BRANCH_LINE)} in forward"
     assert str(axis) == f"x[axis 0] = 1 (guard x.size()[0] == 1 at {axis.source})"
-    assert exporter.constrained_axes == []
+    assert result.constrained_axes == []
 
 
 @pytest.mark.parametrize("exporter_class,config_class", _exporters())
 def test_an_axis_that_refuses_size_one_is_reported_as_constrained(exporter_class, config_class):
-    exporter = exporter_class()
-    exporter.export(BranchOnBatchOfOne(), {"x": torch.randn(2, 3)}, config_class(dynamic=True))
-    assert exporter.static_axes == []
-    (axis,) = exporter.constrained_axes
+    result = exporter_class().run(BranchOnBatchOfOne(), {"x": torch.randn(2, 3)}, config_class(dynamic=True))
+    assert result.static_axes == []
+    (axis,) = result.constrained_axes
     assert (axis.input, axis.axis, axis.size, axis.guard) == ("x", 0, 2, "x.size()[0] != 1")
     assert axis.source.endswith(f":{_line_of(BRANCH_LINE)} in forward")
 
@@ -121,10 +119,9 @@ def test_a_model_without_size_guards_reports_nothing():
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
-    exporter = DynamoExporter()
-    program = exporter.export(model, {"input_ids": torch.randint(0, 128, (1, 5))}, DynamoConfig(dynamic=True))
-    assert exporter.static_axes == [] and exporter.constrained_axes == []
-    module = program.module()
+    result = DynamoExporter().run(model, {"input_ids": torch.randint(0, 128, (1, 5))}, DynamoConfig(dynamic=True))
+    assert result.static_axes == [] and result.constrained_axes == []
+    module = result.program.module()
     for batch, length in [(1, 1), (3, 1), (3, 7)]:  # what the empty report promises
         assert module(input_ids=torch.randint(0, 128, (batch, length))).logits.shape == (batch, length, 128)
 

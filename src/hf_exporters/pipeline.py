@@ -292,15 +292,16 @@ def export_to_folder(
     manifest: dict[str, Any] = {}
     with staged_folder(out, manifest) as staging:
         started = time.perf_counter()
-        program = exporter.export(model, inputs, config)
+        result = exporter.run(model, inputs, config)
         export_seconds = time.perf_counter() - started
+        program = result.program
         interrupts.check()
         artifact = exporter.save(program, staging)
         model.config.save_pretrained(staging)
         if preprocessor is not None:
             preprocessor.save_pretrained(staging)
 
-        ep = exporter.exported_program
+        ep = result.exported_program
         input_sets = [inputs]
         if dynamic and ep is not None:
             second = resized_inputs(ep, inputs)
@@ -339,9 +340,10 @@ def export_to_folder(
                 "outputs": _outputs_entry(exporter, program, eager_outputs(model, inputs)),
                 "dynamic": dynamic,
                 "dynamic_axes": dynamic_axes(ep, inputs) if ep is not None else {},
-                "static_axes": [a.as_json() for a in exporter.static_axes],
-                "constrained_axes": [a.as_json() for a in getattr(exporter, "constrained_axes", [])],
+                "static_axes": [a.as_json() for a in result.static_axes],
+                "constrained_axes": [a.as_json() for a in result.constrained_axes],
                 "export_seconds": round(export_seconds, 3),
+                **result.manifest_entries(),
                 "validated": validate,
                 "atol": tolerance,
                 "parity": parity,

@@ -536,13 +536,13 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
     run_inputs = inputs
     if engine == "ours":
         try:
-            program = ours.export(model, inputs, make_config(ours, dynamic, None))
+            result = ours.run(model, inputs, make_config(ours, dynamic, None))
         except ExportStageError as error:
             stage = "lowering" if error.stage.startswith(("lowering", "serialisation")) else f"exporter {error.stage}"
             raise _Failed(stage, error, error.detail, error.blamed) from error
         except Exception as error:  # noqa: BLE001
             raise _Failed("exporter", error) from error
-        ep = ours.exported_program
+        program, ep = result.program, result.exported_program
     else:
         try:
             program, run_inputs = _upstream_export(backend, model, inputs, dynamic)
