@@ -365,7 +365,7 @@ def axis_report(
     exported_program: torch.export.ExportedProgram,
     inputs: dict[str, Any],
     dynamic_shapes: Any,
-    guards: dict[str, str] | None,
+    guards: dict[str, str] | None = None,
 ) -> tuple[list[StaticAxis], list[ConstrainedAxis]]:
     """:func:`static_axes` and :func:`constrained_axes` in one pass (the program is unlifted once)."""
     names_and_tensors = tensor_leaves(inputs)
