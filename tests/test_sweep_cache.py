@@ -174,3 +174,12 @@ def test_the_runner_records_the_cache_kind_and_reuses_a_setup_failure_within_a_k
         ("ours|onnx|static|NoSuchModelClass", "off", "tiny config", None),
         ("ours|dynamo|static|NoSuchModelClass", "off", "tiny config", "ours|onnx|static|NoSuchModelClass"),
     ]
+
+
+def test_the_tiny_lfm2_is_hybrid() -> None:
+    """LFM2's default config makes every layer attention; the tiny one keeps a convolution layer beside one attention
+    layer, so its default-kind jobs return a hybrid cache (convolution states beside keys and values)."""
+    from hf_exporters.sweep import tiny
+
+    config = tiny.tiny_config(__import__("transformers").Lfm2Config)
+    assert config.layer_types == ["conv", "full_attention"] and config.num_hidden_layers == 2

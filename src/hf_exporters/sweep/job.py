@@ -164,16 +164,11 @@ def class_has_use_cache(class_name: str) -> bool:
 
 
 def _no_cache(config: Any) -> None:
-    """``use_cache=False`` in the config and its sub-configs: the sweep checks one forward, not generation."""
-    from transformers import PretrainedConfig
-
-    stack = [config]
-    while stack:
-        current = stack.pop()
+    """``use_cache=False`` in the config and its sub-configs (the ``off`` cache kind)."""
+    for current in _configs(config):
         if hasattr(current, "use_cache"):
             with contextlib.suppress(Exception):  # a read-only property on some configs
                 current.use_cache = False
-        stack.extend(v for v in vars(current).values() if isinstance(v, PretrainedConfig))
 
 
 VANISHING_CONVOLUTIONS: dict[str, str] = {
