@@ -567,7 +567,7 @@ def _use_cache_values(config: Any) -> dict[str, Any]:
     from transformers import PretrainedConfig
 
     out: dict[str, Any] = {}
-    stack: list[tuple[str, Any]] = [("", config)]
+    stack: list[tuple[str, Any]] = [("", config)] if config is not None else []
     seen: set[int] = set()
     while stack:
         path, current = stack.pop()
@@ -621,7 +621,7 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
     with _at("tiny config"):
         model = build_model(spec["class"], use_cache=None if cache == "default" else False)
         record["parameters"] = sum(p.numel() for p in model.parameters())
-        record["use_cache"] = _use_cache_values(model.config)
+        record["use_cache"] = _use_cache_values(getattr(model, "config", None))
     with _at("inputs"):
         inputs = build_inputs(model)
         record["inputs"] = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
