@@ -66,6 +66,14 @@ def test_the_smoke_set_runs_a_sliding_window_and_a_hybrid_decoder_with_their_cac
             assert f"ours|{backend}|static|{cls}" in baseline
 
 
+def test_the_smoke_baseline_has_an_entry_for_every_job_of_the_smoke_plan_and_no_other() -> None:
+    """``make smoke``'s plan (static, three backends, our engine, both cache kinds asked) and the baseline name the
+    same jobs: a planned job without an entry would go unchecked, an entry no plan makes would never run."""
+    kinds = runner.cache_kinds_for(list(CACHE_KINDS), class_has_use_cache, smoke.SMOKE_DEFAULT_CACHE)
+    specs = runner.plan([(c, "") for c in smoke.smoke_classes()], ["dynamo", "onnx", "executorch"], ["ours"], [False], cache_kinds=kinds)
+    assert sorted(runner.job_key(s) for s in specs) == sorted(smoke.load_baseline())
+
+
 def test_update_baseline_keeps_the_entries_of_jobs_not_run(tmp_path: Path) -> None:
     path = tmp_path / "baseline.json"
     smoke.write_baseline([{"key": "ours|onnx|static|A", "outcome": "pass"}, {"key": "ours|onnx|static|B", "outcome": "pass"}], path)
@@ -183,3 +191,9 @@ def test_the_tiny_lfm2_is_hybrid() -> None:
 
     config = tiny.tiny_config(__import__("transformers").Lfm2Config)
     assert config.layer_types == ["conv", "full_attention"] and config.num_hidden_layers == 2
+
+
+def test_an_upstream_job_of_the_default_kind_compares_the_cache_as_upstream_registers_it() -> None:
+    record = run_job({"class": "LlamaModel", "backend": "dynamo", "dynamic": False, "cache": "default", "engine": "upstream"})
+    assert record["outcome"] == "pass", record
+    assert list(record["leaf_diffs"]) == ["last_hidden_state", *(f"past_key_values_{i}" for i in range(4))]
