@@ -157,10 +157,20 @@ def class_has_use_cache(class_name: str) -> bool:
         config_class = resolve(class_name).config_class
     except Exception:  # noqa: BLE001
         return False
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a default config's validation warnings say nothing of the sweep
     try:
-        return has_use_cache(config_class())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return has_use_cache(config_class())
     except Exception:  # noqa: BLE001
         return _declares_use_cache(config_class)
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def _no_cache(config: Any) -> None:
