@@ -592,15 +592,12 @@ def _use_cache_values(config: Any) -> dict[str, Any]:
 
 
 def _register_outputs(model: Any, inputs: dict[str, Any], engine: str) -> None:
-    """Register the model's caches and outputs as pytree nodes before eager runs, the way the job's engine
-    registers them when it exports, so that eager's outputs flatten to the leaves the artifact returns: a returned
-    cache is compared tensor by tensor, by the determinism and signal checks too (before this, the cache was a
-    single opaque leaf until the export registered it). Ours: :func:`hf_exporters.pytree.register_model_pytrees`
-    on the model, its inputs and one eager output; upstream: transformers' own registration."""
-    import torch
-
-    from ..shapes import clone_tree
-
+    """Register the model's caches as pytree nodes before eager runs, as the job's engine registers them when it
+    exports (no more), so that eager's outputs flatten to the leaves the artifact returns: a returned cache is
+    compared tensor by tensor, and judged by the determinism and signal checks too (before, eager's first runs
+    saw the cache as one opaque leaf, left out, until the export registered it). Ours:
+    :func:`hf_exporters.pytree.register_model_pytrees` on the model and its inputs; upstream: transformers' own
+    registration."""
     if engine == "upstream":
         from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
 
@@ -609,9 +606,6 @@ def _register_outputs(model: Any, inputs: dict[str, Any], engine: str) -> None:
     from ..pytree import register_model_pytrees
 
     register_model_pytrees(model, inputs)
-    with torch.no_grad():
-        outputs = model(**clone_tree(inputs))
-    register_model_pytrees(model, inputs, outputs)
 
 
 def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
