@@ -197,3 +197,31 @@ def test_an_upstream_job_of_the_default_kind_compares_the_cache_as_upstream_regi
     record = run_job({"class": "LlamaModel", "backend": "dynamo", "dynamic": False, "cache": "default", "engine": "upstream"})
     assert record["outcome"] == "pass", record
     assert list(record["leaf_diffs"]) == ["last_hidden_state", *(f"past_key_values_{i}" for i in range(4))]
+
+
+def test_the_signal_check_judges_a_sliding_window_cache_leaf_by_leaf() -> None:
+    """Gemma2's returned cache: the sliding layer's keys and values (the last ``window - 1`` tokens), its running
+    length (an empty int64 leaf whose first size is the length, and the layer's integer counter), the full layer's
+    keys and values. Floating leaves are held to the floor, integer leaves are listed without a magnitude."""
+    from hf_exporters.pytree import register_model_pytrees
+    from hf_exporters.runtime.compare import eager_outputs
+    from hf_exporters.sweep import job
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.signal_check import judge
+
+    model = job.build_model("Gemma2Model", use_cache=None)
+    assert (model.config.layer_types, model.config.sliding_window) == (["sliding_attention", "full_attention"], 4)
+    inputs = build_inputs(model)
+    register_model_pytrees(model, inputs)
+    first = eager_outputs(model, inputs)
+    assert [(name, tuple(t.shape)) for name, t in first] == [
+        ("last_hidden_state", (2, 8, 64)),
+        ("past_key_values_0", (2, 2, 3, 16)), ("past_key_values_1", (2, 2, 3, 16)),
+        ("past_key_values_2", (8, 0)), ("past_key_values_3", ()),
+        ("past_key_values_4", (2, 2, 8, 16)), ("past_key_values_5", (2, 2, 8, 16)),
+    ]
+    verdict = judge(first, eager_outputs(model, job._signal_inputs(model, inputs)))
+    assert verdict["ok"] and verdict["silent"] == [] and verdict["zero"] == [] and verdict["main"] == "last_hidden_state"
+    integers = [leaf["name"] for leaf in verdict["leaves"] if leaf.get("integer")]
+    assert integers == ["past_key_values_2", "past_key_values_3"]
+    assert all(leaf["max_abs"] >= verdict["floor"] for leaf in verdict["leaves"] if not leaf.get("integer"))
