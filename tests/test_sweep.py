@@ -685,25 +685,25 @@ def test_reports_from_a_synthetic_results_file(tmp_path: Path) -> None:
         _record("upstream", "onnx", False, "D", "pass"),
     ]
     summary = report.write_reports(tmp_path, records, {"classes_total": 10, "base_classes_total": 5, "versions": {"transformers": "x"}})
-    ours = summary["groups"]["ours|onnx|static"]
+    ours = summary["groups"]["ours|onnx|static|off"]
     assert (ours["selected"], ours["total"], ours["pass"], ours["skip"], ours["fail"], ours["not_run"]) == (4, 4, 2, 1, 1, 0)
     assert ours["failures_by_stage"] == {"timeout": 1} and ours["pass_rate"] == 0.5
-    upstream = summary["groups"]["upstream|onnx|static"]  # C has no upstream record: not run, still counted
+    upstream = summary["groups"]["upstream|onnx|static|off"]  # C has no upstream record: not run, still counted
     assert (upstream["selected"], upstream["pass"], upstream["not_run_classes"]) == (4, 2, ["C"])
     assert summary["engine_differences"] == {
-        "ours_pass_upstream_fails": ["A (onnx, static)"],
-        "upstream_pass_ours_fails": ["D (onnx, static)"],
+        "ours_pass_upstream_fails": ["A (onnx, static, cache off)"],
+        "upstream_pass_ours_fails": ["D (onnx, static, cache off)"],
     }
     text = (tmp_path / "report.md").read_text()
-    assert "| ours | onnx | static | 2 / 4 | 50.0% | 1 | 1 | 0 | 0 | timeout 1 |" in text and "data-dependent guard" in text
-    assert "| upstream | onnx | static | 2 / 4 | 50.0% | 0 | 1 | 0 | 1 | exporter trace 1 |" in text
+    assert "| ours | onnx | static | off | 2 / 4 | 50.0% | 1 | 1 | 0 | 0 | timeout 1 |" in text and "data-dependent guard" in text
+    assert "| upstream | onnx | static | off | 2 / 4 | 50.0% | 0 | 1 | 0 | 1 | exporter trace 1 |" in text
     assert (tmp_path / "pass_rates.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert json.loads((tmp_path / "summary.json").read_text())["classes_run"] == 4
     # a dynamic pass without a second input set is named in the report
     one, two = _record("ours", "onnx", True, "A", "pass"), _record("ours", "onnx", True, "B", "pass")
     one["input_sets"], two["input_sets"] = 1, 2
     report.write_reports(tmp_path, [*records, one, two], {"versions": {"transformers": "x"}})
-    assert "- ours onnx dynamic: 1 of 2 passes ran one input set only: A." in (tmp_path / "report.md").read_text()
+    assert "- ours onnx dynamic cache off: 1 of 2 passes ran one input set only: A." in (tmp_path / "report.md").read_text()
 
 
 def test_failure_kinds_rank_by_classes_and_split_setup_from_export() -> None:
@@ -802,10 +802,10 @@ def test_generation_rows_have_their_own_group_in_the_reports(tmp_path: Path) -> 
         {**_record("ours", "onnx", True, "A", "fail", "parity", "token id mismatch"), "mode": "generation", "key": "ours|onnx|generation|A"},
     ]
     summary = report.write_reports(tmp_path, records, {"classes_total": 1, "base_classes_total": 1, "versions": {}})
-    assert summary["groups"]["ours|onnx|dynamic"]["pass"] == 1
-    generation = summary["groups"]["ours|onnx|generation"]
+    assert summary["groups"]["ours|onnx|dynamic|off"]["pass"] == 1
+    generation = summary["groups"]["ours|onnx|generation|default"]
     assert (generation["total"], generation["fail"], generation["failures_by_stage"]) == (1, 1, {"parity": 1})
-    assert "| ours | onnx | generation | 0 / 1 | 0.0% | 0 | 1 | 0 | 0 | parity 1 |" in (tmp_path / "report.md").read_text()
+    assert "| ours | onnx | generation | default | 0 / 1 | 0.0% | 0 | 1 | 0 | 0 | parity 1 |" in (tmp_path / "report.md").read_text()
     assert classify("ParityError: token ids differ from eager generate() (shapes [2, 16] vs [2, 16]; first 9 positions equal)") == "token id mismatch"
 
 
@@ -1002,17 +1002,17 @@ def test_every_selected_class_is_counted_and_the_headline_is_one_revision(tmp_pa
     selection = {"forward": ["A", "B", "C", "D"], "generation": []}
     summary = report.write_reports(tmp_path, records, {"versions": {"transformers": "x"}}, selection)
     assert summary["headline_revision"] == "rev2"
-    group = summary["groups"]["ours|onnx|static"]
+    group = summary["groups"]["ours|onnx|static|off"]
     assert (group["selected"], group["pass"], group["fail"], group["degenerate"], group["not_run"]) == (4, 1, 1, 1, 2)
     assert group["not_run_classes"] == ["C", "D"] and group["pass_rate"] == 0.25
     assert (summary["records_history"], summary["revisions_history"]) == (1, 1)
     text = (tmp_path / "report.md").read_text()
-    assert "| ours | onnx | static | 1 / 4 | 25.0% | 0 | 1 | 1 | 2 | signal 1 |" in text
-    assert "- ours onnx static: 2 not run: C, D." in text
+    assert "| ours | onnx | static | off | 1 / 4 | 25.0% | 0 | 1 | 1 | 2 | signal 1 |" in text
+    assert "- ours onnx static cache off: 2 not run: C, D." in text
     assert "Headline revision: `rev2`" in text and "**1** records of 1 other revisions are kept as history only" in text
     # another revision asked for: its records make the headline
     summary = report.summarize(records, {}, selection, revision="rev1")
-    assert (summary["groups"]["ours|onnx|static"]["pass"], summary["groups"]["ours|onnx|static"]["not_run"]) == (1, 3)
+    assert (summary["groups"]["ours|onnx|static|off"]["pass"], summary["groups"]["ours|onnx|static|off"]["not_run"]) == (1, 3)
 
 
 def test_smoke_fails_a_pass_without_signal_and_a_planned_job_not_run() -> None:

@@ -30,6 +30,12 @@ def sweep(
         help="static, dynamic, generation (comma-separated; static runs first). generation: one generative class per "
         "model type, token-id parity of 8 greedy tokens generated from the exported folder (our engine only).",
     ),
+    cache: str = typer.Option(
+        "default,off", "--cache",
+        help="Cache kinds of forward jobs (comma-separated): default (use_cache as the model's config has it: a returned "
+        "cache is compared leaf by leaf; the headline) and off (use_cache=False). A class whose config has no use_cache "
+        "field runs once, as default. With --smoke, default runs for the smoke set's cache classes only.",
+    ),
     classes: str = typer.Option("base", "--classes", help="base (one base model class per model type) | all (every Auto-mapping class)."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated fnmatch patterns on class name or model type."),
     shard: Optional[str] = typer.Option(None, "--shard", help="i/n: run every n-th class starting at i (0-based)."),
@@ -62,11 +68,17 @@ def sweep(
     from .sweep import classes as class_sets
     from .sweep import report, runner
     from .sweep import smoke as smoke_set
-    from .sweep.job import BACKENDS, ENGINES
+    from .sweep.job import BACKENDS, CACHE_KINDS, ENGINES, class_has_use_cache
 
     backends = _split(backend, BACKENDS, "--backend")
     engines = list(ENGINES) if engine == "both" else _split(engine, ENGINES, "--engine")
     shape_modes = _split(shapes, ("static", "dynamic", "generation"), "--shapes")
+    cache_modes = [v.strip() for v in cache.split(",") if v.strip()]
+    unknown_kinds = [v for v in cache_modes if v not in CACHE_KINDS]
+    if unknown_kinds or not cache_modes:
+        what = f"unknown cache kind {', '.join(unknown_kinds)}" if unknown_kinds else "no cache kind named"
+        typer.echo(f"error: --cache {cache}: {what}; choose from {', '.join(CACHE_KINDS)} (comma-separated)", err=True)
+        raise typer.Exit(1)
     dynamics = [s == "dynamic" for s in shape_modes if s != "generation"]
     generation = "generation" in shape_modes
     import transformers
@@ -95,6 +107,18 @@ def sweep(
 
     # the report's denominators: every class the options select, in either mode, whichever shapes this run asks for
     report_selection = {"forward": chosen(pool), "generation": chosen(gen_pool if not smoke else {c: t for c, t in pool.items() if c in generative})}
+    # cache kinds: default for every class, off for a class whose config has use_cache (its config built once here)
+    fields: dict[str, bool] = {}
+
+    def has_field(class_name: str) -> bool:
+        if class_name not in fields:
+            fields[class_name] = class_has_use_cache(class_name)
+        return fields[class_name]
+
+    kinds_of = runner.cache_kinds_for(cache_modes, has_field, smoke_set.SMOKE_DEFAULT_CACHE if smoke else None)
+    report_selection["cache"] = {
+        kind: [c for c in report_selection["forward"] if kind in kinds_of(c)] for kind in CACHE_KINDS
+    }
     out_dir = output or Path("reports") / "sweep" / transformers.__version__
     if smoke and output is None:
         out_dir = Path("reports") / "sweep" / "smoke" / transformers.__version__
@@ -116,7 +140,7 @@ def sweep(
 
         # a partial run samples every family: classes in a fixed pseudo-random order, not alphabetical
         ordered = sorted(selected, key=lambda c: hashlib.sha1(c.encode()).hexdigest())
-        specs = runner.plan([(c, pool[c]) for c in ordered], backends, engines, dynamics, ours_skip, recheck_skips)
+        specs = runner.plan([(c, pool[c]) for c in ordered], backends, engines, dynamics, ours_skip, recheck_skips, kinds_of)
         if generation:
             gen_ordered = sorted(gen_selected, key=lambda c: hashlib.sha1(c.encode()).hexdigest())
             specs += runner.plan([(c, gen_pool[c]) for c in gen_ordered], backends, ["ours"], ["generation"], ours_skip, recheck_skips)
@@ -149,7 +173,7 @@ def sweep(
                 handle.write(json.dumps({
                     "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs_planned": len(pending),
                     "revision": store.revision,
-                    "options": {"backend": backends, "engine": engines, "shapes": shapes, "classes": classes, "only": only,
+                    "options": {"backend": backends, "engine": engines, "shapes": shapes, "cache": cache_modes, "classes": classes, "only": only,
                                 "shard": shard, "jobs": jobs, "timeout": timeout, "memory_gb": memory_gb, "ray": ray,
                                 "recheck_skips": recheck_skips, "smoke": smoke, "resume": resume,
                                 "resume_any_revision": any_revision, "runtime": runtime, "retry": retry},
@@ -186,12 +210,13 @@ def sweep(
         )
         for g in summary["groups"].values():
             typer.echo(
-                f"{g['engine']:>8} {g['backend']:>10} {g.get('shapes', 'dynamic' if g['dynamic'] else 'static'):>10}: "
+                f"{g['engine']:>8} {g['backend']:>10} {g.get('shapes', 'dynamic' if g['dynamic'] else 'static'):>10} "
+                f"cache {g.get('cache', 'off'):<7}{' (headline)' if g.get('headline') else '           '}: "
                 f"{g['pass']}/{g['selected']} pass ({100 * g['pass_rate']:.1f}%), {g['skip']} skip, {g['fail']} fail "
                 f"({g['degenerate']} degenerate), {g['not_run']} not run"
             )
         if recheck_skips:
-            now_pass = sorted({f"{r['model_class']} ({r['backend']}, {'dynamic' if r['dynamic'] else 'static'})" for r in records if r["outcome"] == "pass"})
+            now_pass = sorted({f"{r['model_class']} ({r['backend']}, {'dynamic' if r['dynamic'] else 'static'}, cache {r.get('cache', 'off')})" for r in records if r["outcome"] == "pass"})
             typer.echo("EXPORT_SKIPS entries that now pass (remove them):" if now_pass else "no EXPORT_SKIPS entry passes yet")
             for line in now_pass:
                 typer.echo(f"  {line}")

@@ -1,4 +1,4 @@
-"""One sweep job: (model class, backend, dynamic, engine) -> an outcome record.
+"""One sweep job: (model class, backend, dynamic, engine, cache kind) -> an outcome record.
 
 :func:`run_job` runs in a process of its own (see :mod:`hf_exporters.sweep.runner`): tiny config,
 inputs, eager, signal, export, runtime, parity. Every failure is caught and recorded with its stage, the
@@ -7,7 +7,14 @@ error kind (:func:`classify`), the source line blamed and a one-line message.
 Signal: before anything is exported, eager's outputs must carry signal (:data:`~.signal_check.RULE`);
 a model whose outputs do not is the setup failure ``degenerate model`` (stage ``signal``), never a
 pass. Every forward job records the figures it was judged on (``signal``: per output max |x|, std and
-the change between two input sets) and, once compared, ``max_abs_diff`` and ``max_rel_diff``.
+the change between two input sets) and, once compared, ``max_abs_diff``, ``max_rel_diff`` and ``leaf_diffs``
+(per compared output leaf, caches included, its max abs diff).
+
+Cache kinds (:data:`CACHE_KINDS`, ``spec["cache"]``) of a forward job: ``default`` builds the model with
+``use_cache`` as its config has it, so a decoder returns its cache and every tensor of that cache is an output
+leaf the signal and parity checks judge; ``off`` sets ``use_cache=False`` in the config and its sub-configs
+(a spec or record without ``cache`` is ``off``, the only kind before kinds existed). A class whose config has no
+``use_cache`` field (:func:`has_use_cache`) has one job, of kind ``default``.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ STAGES = ("tiny config", "inputs", "eager", "signal", "exporter", "lowering", "r
 PROCESS_OUTCOMES = ("timeout", "crash", "oom")
 ENGINES = ("ours", "upstream")
 BACKENDS = ("dynamo", "onnx", "executorch")
+#: cache kinds of a forward job: the model's own ``use_cache`` (the headline), or ``use_cache=False``
+CACHE_KINDS = ("default", "off")
 
 #: (error kind, pattern on the message or the exception type) — first match wins
 ERROR_KINDS: list[tuple[str, re.Pattern[str]]] = [
@@ -106,17 +115,70 @@ def _at(stage: str):  # noqa: ANN202 - a tiny context manager factory
     return block()
 
 
-def _no_cache(config: Any) -> None:
-    """``use_cache=False`` in the config and its sub-configs: the sweep checks one forward, not generation."""
+def _configs(config: Any) -> list[Any]:
+    """``config`` and every sub-config reachable through its attributes (each once)."""
     from transformers import PretrainedConfig
 
-    stack = [config]
+    out, stack, seen = [], [config], set()
     while stack:
         current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        out.append(current)
+        stack.extend(v for v in vars(current).values() if isinstance(v, PretrainedConfig))
+    return out
+
+
+def has_use_cache(config: Any) -> bool:
+    """Whether ``config`` or one of its sub-configs has a ``use_cache`` field (its jobs then run as two cache kinds)."""
+    return any(hasattr(c, "use_cache") for c in _configs(config))
+
+
+def _declares_use_cache(config_class: type, seen: set[type] | None = None) -> bool:
+    """Whether ``config_class`` or a config class of its ``sub_configs`` declares ``use_cache`` (read from the classes)."""
+    seen = set() if seen is None else seen
+    if config_class in seen:
+        return False
+    seen.add(config_class)
+    if hasattr(config_class, "use_cache"):
+        return True
+    subs = getattr(config_class, "sub_configs", None) or {}
+    return any(isinstance(c, type) and _declares_use_cache(c, seen) for c in subs.values())
+
+
+def class_has_use_cache(class_name: str) -> bool:
+    """:func:`has_use_cache` of the default config of ``class_name``'s config class (what the tiny config starts
+    from); when that config cannot be built, whether the config classes declare the field; False for a class that
+    cannot be imported (its one job fails at ``tiny config`` and says why)."""
+    from .classes import resolve
+
+    try:
+        config_class = resolve(class_name).config_class
+    except Exception:  # noqa: BLE001
+        return False
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a default config's validation warnings say nothing of the sweep
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return has_use_cache(config_class())
+    except Exception:  # noqa: BLE001
+        return _declares_use_cache(config_class)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _no_cache(config: Any) -> None:
+    """``use_cache=False`` in the config and its sub-configs (the ``off`` cache kind)."""
+    for current in _configs(config):
         if hasattr(current, "use_cache"):
             with contextlib.suppress(Exception):  # a read-only property on some configs
                 current.use_cache = False
-        stack.extend(v for v in vars(current).values() if isinstance(v, PretrainedConfig))
 
 
 VANISHING_CONVOLUTIONS: dict[str, str] = {
@@ -193,8 +255,12 @@ def _calibrate(model: Any) -> list[str]:
         return []
 
 
-def build_model(class_name: str, use_cache: bool = False) -> Any:
-    """The tiny model of ``class_name`` (seeded, eval mode); ``use_cache`` False unless asked (generation).
+def build_model(class_name: str, use_cache: bool | None = False) -> Any:
+    """The tiny model of ``class_name`` (seeded, eval mode).
+
+    ``use_cache``: False sets ``use_cache=False`` in the config and its sub-configs (the ``off`` cache kind);
+    None leaves it as the config has it (the ``default`` kind); True leaves it too and makes an encoder family's
+    ``ForCausalLM`` a decoder (generation).
 
     Built from :func:`~.tiny.tiny_config` (init scales raised to a floor), its degenerate init undone
     (:func:`undo_degenerate_init`), its batch normalisations and all-zero codebooks calibrated on the sweep's
@@ -206,9 +272,9 @@ def build_model(class_name: str, use_cache: bool = False) -> Any:
 
     cls = resolve(class_name)
     config = tiny_config(cls.config_class)
-    if not use_cache:
+    if use_cache is False:
         _no_cache(config)
-    elif class_name.endswith("ForCausalLM") and getattr(config, "is_decoder", None) is False:
+    elif use_cache and class_name.endswith("ForCausalLM") and getattr(config, "is_decoder", None) is False:
         config.is_decoder = True  # encoder families (BERT, RoBERTa, ...) cache and mask causally only as decoders
     torch.manual_seed(0)
     model = cls(config).eval()
@@ -424,8 +490,8 @@ def _probe(kind: str) -> None:
 def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one job and return its record (never raises for a model failure).
 
-    ``spec``: ``class``, ``backend``, ``dynamic``, ``engine`` ("ours" | "upstream"), optional ``probe``,
-    optional ``mode`` ("generation": token-id parity of 8 greedy tokens, see :func:`_run_generation`).
+    ``spec``: ``class``, ``backend``, ``dynamic``, ``engine`` ("ours" | "upstream"), optional ``cache``
+    (:data:`CACHE_KINDS`; ``off`` when absent), optional ``probe``, optional ``mode`` ("generation": token-id parity of 8 greedy tokens, see :func:`_run_generation`).
     """
     started = time.perf_counter()
     record: dict[str, Any] = {"outcome": "fail", "stage": None, "kind": None, "blamed": None, "message": None}
@@ -505,6 +571,43 @@ def _own_names(fixed: list[tuple[str, int, int]], inputs: dict[str, Any]) -> lis
     return [entry for entry in fixed if entry[0] in own]
 
 
+def _use_cache_values(config: Any) -> dict[str, Any]:
+    """``{config path: use_cache}`` of the config and its sub-configs that have the field (``""`` is the config
+    itself, ``text_config`` a sub-config): the cache kind as the job built it, in its record."""
+    from transformers import PretrainedConfig
+
+    out: dict[str, Any] = {}
+    stack: list[tuple[str, Any]] = [("", config)] if config is not None else []
+    seen: set[int] = set()
+    while stack:
+        path, current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if hasattr(current, "use_cache"):
+            value = getattr(current, "use_cache", None)
+            out[path] = value if isinstance(value, (bool, type(None))) else str(value)
+        stack.extend((f"{path}.{k}" if path else k, v) for k, v in vars(current).items() if isinstance(v, PretrainedConfig))
+    return dict(sorted(out.items()))
+
+
+def _register_outputs(model: Any, inputs: dict[str, Any], engine: str) -> None:
+    """Register the model's caches as pytree nodes before eager runs, as the job's engine registers them when it
+    exports (no more), so that eager's outputs flatten to the leaves the artifact returns: a returned cache is
+    compared tensor by tensor, and judged by the determinism and signal checks too (before, eager's first runs
+    saw the cache as one opaque leaf, left out, until the export registered it). Ours:
+    :func:`hf_exporters.pytree.register_model_pytrees` on the model and its inputs; upstream: transformers' own
+    registration."""
+    if engine == "upstream":
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+
+        register_cache_pytrees_for_model(model)
+        return
+    from ..pytree import register_model_pytrees
+
+    register_model_pytrees(model, inputs)
+
+
 def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
     import torch
 
@@ -515,14 +618,19 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
     from .inputs import build_inputs
 
     backend, dynamic, engine = spec["backend"], bool(spec["dynamic"]), spec.get("engine", "ours")
+    cache = spec.get("cache", "off")
+    if cache not in CACHE_KINDS:
+        raise _Failed("tiny config", ValueError(f"cache kind {cache!r}: choose from {', '.join(CACHE_KINDS)}"))
     torch.set_num_threads(int(os.environ.get("HF_EXPORTERS_SWEEP_THREADS", "1")))
     with _at("tiny config"):
-        model = build_model(spec["class"])
+        model = build_model(spec["class"], use_cache=None if cache == "default" else False)
         record["parameters"] = sum(p.numel() for p in model.parameters())
+        record["use_cache"] = _use_cache_values(getattr(model, "config", None))
     with _at("inputs"):
         inputs = build_inputs(model)
         record["inputs"] = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     with _at("eager"):
+        _register_outputs(model, inputs, engine)
         first = eager_outputs(model, inputs)
         second = eager_outputs(model, inputs)
         if len(first) != len(second) or any(
@@ -609,6 +717,7 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
         artifact = _save(ours, program, tmp)
         runner = _load_runner(ours, artifact, spec.get("runtime", "python"))
         worst, worst_relative = 0.0, 0.0
+        leaf_diffs: dict[str, float] = {}
         for index, (eager_inputs, artifact_inputs) in enumerate(input_sets):
             expected = second_expected if index == 1 else eager_outputs(model, eager_inputs)
             actual = runner(clone_tree(artifact_inputs))
@@ -619,6 +728,9 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
                 raise _Failed("parity", error) from error
             worst = max(worst, report.max_abs_diff)
             worst_relative = max(worst_relative, _relative(expected, diffs))
+            for diff in diffs:
+                leaf_diffs[diff.name] = max(leaf_diffs.get(diff.name, 0.0), float(f"{diff.max_abs_diff:.4g}"))
+            record["leaf_diffs"] = dict(leaf_diffs)
             record["max_abs_diff"] = worst
             record["max_rel_diff"] = float(f"{worst_relative:.4g}")
             if not report.ok:

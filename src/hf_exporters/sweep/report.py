@@ -2,7 +2,9 @@
 
 The headline counts every selected class in every group (a class with no record is ``not run``) and takes its
 figures from the records of one code revision (:func:`headline_revision`); records of other revisions are
-history, counted apart."""
+history, counted apart. Each group is engine × backend × shapes × cache kind (:func:`cache_of`); the headline
+rate is the ``default`` kind's (the model's own ``use_cache``), the ``off`` kind (``use_cache=False``) is shown
+beside it."""
 
 from __future__ import annotations
 
@@ -54,13 +56,25 @@ def shapes_of(record: dict[str, Any]) -> str:
     return "generation" if record.get("mode") == "generation" else ("dynamic" if record["dynamic"] else "static")
 
 
+def cache_of(record: dict[str, Any]) -> str:
+    """The cache kind of a record: ``default`` or ``off`` (a forward record without ``cache``, written before cache
+    kinds existed, is ``off``: its model was built with ``use_cache=False``); a generation record is ``default``."""
+    from .runner import cache_label
+
+    return cache_label(record)
+
+
+#: the cache kind whose rates are the headline
+HEADLINE_CACHE = "default"
+
+
 def backend_of(record: dict[str, Any]) -> str:
     """The backend, ``executorch (cpp)`` for ExecuTorch jobs run on the C++ runner."""
     return f"{record['backend']} (cpp)" if record.get("runtime") == "cpp" else record["backend"]
 
 
 def _group(record: dict[str, Any]) -> str:
-    return f"{record['engine']}|{backend_of(record)}|{shapes_of(record)}"
+    return f"{record['engine']}|{backend_of(record)}|{shapes_of(record)}|{cache_of(record)}"
 
 
 def _failure_stage(record: dict[str, Any]) -> str:
@@ -74,15 +88,30 @@ def _is_degenerate(record: dict[str, Any]) -> bool:
     return record.get("outcome") == "fail" and (record.get("kind") == "degenerate model" or record.get("stage") == "signal" and "degenerate model" in (record.get("message") or ""))
 
 
-def _selection(records: list[dict[str, Any]], selection: dict[str, list[str]] | None) -> dict[str, list[str]]:
-    """``{"forward": classes, "generation": classes}`` selected; without a selection, the classes recorded in each
-    mode under any revision."""
+def _selection(records: list[dict[str, Any]], selection: dict[str, Any] | None) -> dict[str, Any]:
+    """``{"forward": classes, "generation": classes, "cache": {"default": classes, "off": classes}}`` selected:
+    ``cache`` gives the forward classes planned in each cache kind (``off``: those whose config has ``use_cache``);
+    a selection without it counts every forward class in both kinds. Without a selection, the classes recorded
+    in each mode and kind under any revision."""
     if selection is not None:
-        return {"forward": sorted(selection.get("forward", [])), "generation": sorted(selection.get("generation", []))}
+        forward = sorted(selection.get("forward", []))
+        kinds = selection.get("cache") or {}
+        return {
+            "forward": forward,
+            "generation": sorted(selection.get("generation", [])),
+            "cache": {k: sorted(kinds[k]) if k in kinds else forward for k in ("default", "off")},
+        }
+    forward_records = [r for r in records if r.get("mode") != "generation"]
     return {
-        "forward": sorted({r["model_class"] for r in records if r.get("mode") != "generation"}),
+        "forward": sorted({r["model_class"] for r in forward_records}),
         "generation": sorted({r["model_class"] for r in records if r.get("mode") == "generation"}),
+        "cache": {k: sorted({r["model_class"] for r in forward_records if cache_of(r) == k}) for k in ("default", "off")},
     }
+
+
+def _pool(selected: dict[str, Any], shapes: str, cache: str) -> list[str]:
+    """The selected classes of a group: generation's, or the forward classes planned in that cache kind."""
+    return selected["generation"] if shapes == "generation" else selected["cache"][cache]
 
 
 def headline_records(
@@ -90,11 +119,10 @@ def headline_records(
 ) -> list[dict[str, Any]]:
     """The latest record of each job of the headline: recorded under ``revision`` (every record when it is None)
     and of a selected class."""
-    chosen = {"forward": set(selection["forward"]), "generation": set(selection["generation"])}
     kept = [
         r for r in records
         if (revision is None or r.get("revision") == revision)
-        and r["model_class"] in chosen["generation" if r.get("mode") == "generation" else "forward"]
+        and r["model_class"] in _pool(selection, shapes_of(r), cache_of(r))
     ]
     return latest(kept)
 
@@ -103,7 +131,7 @@ def summarize(
     records: list[dict[str, Any]], meta: dict[str, Any], selection: dict[str, list[str]] | None = None,
     revision: str | None = None,
 ) -> dict[str, Any]:
-    """Per engine × backend × shapes, over every selected class: pass, skip, fail (degenerate counted apart),
+    """Per engine × backend × shapes × cache kind, over every selected class: pass, skip, fail (degenerate counted apart),
     not run (no record at the headline revision), failures by stage and by kind, pass rate = pass / selected.
 
     ``selection``: the selected classes per mode (:func:`_selection`); ``revision``: the headline revision
@@ -115,16 +143,18 @@ def summarize(
     groups: dict[str, dict[str, Any]] = {}
     order = {"static": 0, "dynamic": 1, "generation": 2}
     every = sorted(
-        {(r["engine"], backend_of(r), shapes_of(r), r["backend"], bool(r["dynamic"])) for r in records},
-        key=lambda g: (ENGINES.index(g[0]) if g[0] in ENGINES else 9, g[3], order[g[2]], g[1]),
+        {(r["engine"], backend_of(r), shapes_of(r), r["backend"], bool(r["dynamic"]), cache_of(r)) for r in records},
+        key=lambda g: (ENGINES.index(g[0]) if g[0] in ENGINES else 9, g[3], order[g[2]], g[1], g[5] != HEADLINE_CACHE),
     )
-    for engine, backend, shapes, _, dynamic in every:
-        groups[f"{engine}|{backend}|{shapes}"] = {
+    for engine, backend, shapes, _, dynamic, cache in every:
+        groups[f"{engine}|{backend}|{shapes}|{cache}"] = {
             "engine": engine,
             "backend": backend,
             "dynamic": dynamic,
             "shapes": shapes,
-            "selected": len(selected["generation" if shapes == "generation" else "forward"]),
+            "cache": cache,
+            "headline": cache == HEADLINE_CACHE,
+            "selected": len(_pool(selected, shapes, cache)),
             "total": 0,  # jobs recorded at the headline revision
             "pass": 0,
             "skip": 0,
@@ -154,7 +184,7 @@ def summarize(
             g["failures_by_stage"][_failure_stage(record)] += 1
             g["failures_by_kind"][record.get("kind") or "other"] += 1
     for name, g in groups.items():
-        pool = selected["generation" if g["shapes"] == "generation" else "forward"]
+        pool = _pool(selected, g["shapes"], g["cache"])
         g["not_run_classes"] = [c for c in pool if c not in recorded[name]]
         g["not_run"] = len(g["not_run_classes"])
         g["pass_rate"] = round(g["pass"] / g["selected"], 4) if g["selected"] else 0.0
@@ -167,6 +197,8 @@ def summarize(
         **meta,
         "headline_revision": revision,
         "headline_revision_requested": requested,
+        "headline_cache": HEADLINE_CACHE,
+        "cache_classes_selected": {k: len(v) for k, v in selected["cache"].items()},
         "classes_selected": len(selected["forward"]),
         "generation_classes_selected": len(selected["generation"]),
         "classes_run": len({r["model_class"] for r in rows if r.get("mode") != "generation"}),
@@ -197,16 +229,37 @@ def _history_groups(records: list[dict[str, Any]], selected: dict[str, list[str]
 
 def _table(summary: dict[str, Any]) -> list[str]:
     lines = [
-        "| engine | backend | shapes | pass / selected | pass rate | skip | fail | of which degenerate | not run | failures by stage |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| engine | backend | shapes | cache | pass / selected | pass rate | skip | fail | of which degenerate | not run | failures by stage |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for g in summary["groups"].values():
         stages = ", ".join(f"{k} {v}" for k, v in list(g["failures_by_stage"].items())[:5])
         lines.append(
-            f"| {g['engine']} | {g['backend']} | {g.get('shapes', 'dynamic' if g['dynamic'] else 'static')} | "
+            f"| {g['engine']} | {g['backend']} | {g.get('shapes', 'dynamic' if g['dynamic'] else 'static')} | {g.get('cache', 'off')} | "
             f"{g['pass']} / {g.get('selected', g['total'])} | {100 * g['pass_rate']:.1f}% | {g['skip']} | {g['fail']} | "
             f"{g.get('degenerate', 0)} | {g.get('not_run', 0)} | {stages} |"
         )
+    return lines
+
+
+def _kinds_side_by_side(summary: dict[str, Any]) -> list[str]:
+    """One row per engine × backend × shapes of forward jobs: the ``default`` kind's pass / selected (the headline)
+    beside the ``off`` kind's."""
+    rows: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+    for g in summary["groups"].values():
+        if g.get("shapes") == "generation":
+            continue
+        rows.setdefault((g["engine"], g["backend"], g["shapes"]), {})[g.get("cache", "off")] = g
+
+    def cell(g: dict[str, Any] | None) -> str:
+        return "no record" if g is None else f"{g['pass']} / {g['selected']} ({100 * g['pass_rate']:.1f}%)"
+
+    lines = [
+        "| engine | backend | shapes | cache default (headline) | cache off |",
+        "|---|---|---|---:|---:|",
+    ]
+    for (engine, backend, shapes), kinds in rows.items():
+        lines.append(f"| {engine} | {backend} | {shapes} | {cell(kinds.get('default'))} | {cell(kinds.get('off'))} |")
     return lines
 
 
@@ -221,15 +274,15 @@ def _history_table(summary: dict[str, Any]) -> list[str]:
         "as history only: they count in no figure above. The latest record of each selected class's job under any "
         "revision (mixed revisions, not comparable with the headline):",
         "",
-        "| engine | backend | shapes | recorded | pass | revisions |",
-        "|---|---|---|---:|---:|---:|",
+        "| engine | backend | shapes | cache | recorded | pass | revisions |",
+        "|---|---|---|---|---:|---:|---:|",
     ]
     for name in [*summary["groups"], *(k for k in history if k not in summary["groups"])]:
         g = history.get(name)
         if g is None:
             continue
-        engine, backend, shapes = name.split("|")
-        lines.append(f"| {engine} | {backend} | {shapes} | {g['recorded']} | {g['pass']} | {g['revisions']} |")
+        engine, backend, shapes, cache = name.split("|")
+        lines.append(f"| {engine} | {backend} | {shapes} | {cache} | {g['recorded']} | {g['pass']} | {g['revisions']} |")
     return [*lines, ""]
 
 
@@ -238,26 +291,27 @@ def _not_run_lines(summary: dict[str, Any]) -> list[str]:
     lines = []
     for g in summary["groups"].values():
         names = g.get("not_run_classes", [])
+        label = f"{g['engine']} {g['backend']} {g['shapes']} cache {g.get('cache', 'off')}"
         if names and not g["total"]:
-            lines.append(f"- {g['engine']} {g['backend']} {g['shapes']}: no record at the headline revision: all {len(names)} selected classes not run.")
+            lines.append(f"- {label}: no record at the headline revision: all {len(names)} selected classes not run.")
         elif names:
             shown = ", ".join(names[:12]) + (f", ... ({len(names) - 12} more, all in summary.json)" if len(names) > 12 else "")
-            lines.append(f"- {g['engine']} {g['backend']} {g['shapes']}: {len(names)} not run: {shown}.")
+            lines.append(f"- {label}: {len(names)} not run: {shown}.")
     return ([*lines, ""] if lines else [])
 
 
 def compare_engines(records: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Jobs (class, backend, shapes) that pass with ours and fail upstream, and the reverse (``records``: the
-    headline's, :func:`headline_records`)."""
-    by = {(r["engine"], backend_of(r), shapes_of(r), r["model_class"]): r["outcome"] for r in latest(records)}
+    """Jobs (class, backend, shapes, cache kind) that pass with ours and fail upstream, and the reverse
+    (``records``: the headline's, :func:`headline_records`)."""
+    by = {(r["engine"], backend_of(r), shapes_of(r), cache_of(r), r["model_class"]): r["outcome"] for r in latest(records)}
     ours_only, upstream_only = [], []
-    for (engine, backend, shapes, cls), outcome in sorted(by.items()):
+    for (engine, backend, shapes, cache, cls), outcome in sorted(by.items()):
         if engine != "ours":
             continue
-        other = by.get(("upstream", backend, shapes, cls))
+        other = by.get(("upstream", backend, shapes, cache, cls))
         if other is None:
             continue
-        label = f"{cls} ({backend}, {shapes})"
+        label = f"{cls} ({backend}, {shapes}, cache {cache})"
         if outcome == "pass" and other != "pass":
             ours_only.append(label)
         elif other == "pass" and outcome not in ("pass", "skip"):
@@ -341,7 +395,7 @@ def _one_set_lines(summary: dict[str, Any]) -> list[str]:
         names = sorted(g.get("passes_on_one_input_set", []))
         if names:
             shown = ", ".join(names[:12]) + (f", ... ({len(names) - 12} more)" if len(names) > 12 else "")
-            lines.append(f"- {g['engine']} {g['backend']} {g['shapes']}: {len(names)} of {g['pass']} passes ran one input set only: {shown}.")
+            lines.append(f"- {g['engine']} {g['backend']} {g['shapes']} cache {g.get('cache', 'off')}: {len(names)} of {g['pass']} passes ran one input set only: {shown}.")
     return ([*lines, ""] if lines else [])
 
 
@@ -378,10 +432,22 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "token ids, masks or raw audio ended static (other axes the model fixes are listed, not failed). Generation jobs (shapes "
         "`generation`, one generative class per model type, our engine only) export the prefill/decode (and encoder) "
         "parts, generate 8 greedy tokens from the written folder in the runtime and pass when the ids equal eager `generate()`.",
+        f"- Cache kinds: the headline rate is the **cache {HEADLINE_CACHE}** kind's: every forward job builds its model with "
+        "`use_cache` as the config has it, so a decoder returns its cache and every tensor of that cache is compared with "
+        "eager (and judged by the signal rule) like any other output; generation jobs are of this kind. Classes whose config "
+        "(or a sub-config) has a `use_cache` field also run the **cache off** kind (`use_cache=False` in the config and its "
+        "sub-configs, the only kind before cache kinds existed; records without a cache kind are of it), shown beside it. "
+        f"Classes planned per kind: {', '.join(f'{k} {v}' for k, v in summary.get('cache_classes_selected', {}).items()) or 'none'}.",
         f"- Signal rule (forward jobs; records carry the figures as `signal`: per output max |x|, std and the change "
         f"between the two input sets): {RULE}.",
         "",
         "## Pass rates",
+        "",
+        f"The headline: the cache {HEADLINE_CACHE} rows. Side by side:",
+        "",
+        *_kinds_side_by_side(summary),
+        "",
+        "Every group:",
         "",
         *_table(summary),
         "",
@@ -454,11 +520,13 @@ def _png(path: Path, pixels: list[bytearray], width: int, height: int) -> None:
 
 
 def write_chart(path: Path, summary: dict[str, Any]) -> None:
-    """A grouped bar chart: one group per backend × shapes, one bar per engine (ours blue, upstream orange)."""
+    """A grouped bar chart: one group per backend × shapes × cache kind (named on a second line under the bars), one
+    bar per engine (ours blue, upstream orange)."""
     colors = {"ours": (31, 119, 180), "upstream": (255, 127, 14)}
     groups: dict[str, dict[str, float]] = collections.OrderedDict()
     for g in summary["groups"].values():
         label = f"{g['backend']} {({'dynamic': 'dyn', 'generation': 'gen'}).get(g.get('shapes', ''), 'dyn' if g['dynamic'] else 'static')}".upper()
+        label += f"|CACHE {g.get('cache', 'off')}".upper()  # the cache kind on a second line
         groups.setdefault(label, {})[g["engine"]] = g["pass_rate"]
     scale = 2
     bar_w, gap, plot_h, left, top, bottom = 28, 24, 200, 40, 30, 40
@@ -494,7 +562,9 @@ def write_chart(path: Path, summary: dict[str, Any]) -> None:
             bx = x + i * bar_w
             rect(bx, top + plot_h - h, bx + bar_w - 2, top + plot_h, colors[engine])
             text(bx + 1, top + plot_h - h - 8, f"{round(100 * rate)}")
-        text(x, top + plot_h + 8, label[: (2 * bar_w) // 4])
+        first, _, second = label.partition("|")
+        text(x, top + plot_h + 8, first[: (2 * bar_w) // 4])
+        text(x, top + plot_h + 16, second[: (2 * bar_w) // 4])
         x += 2 * bar_w + gap
     rect(left, top + plot_h, width - gap // 2, top + plot_h + 1, (0, 0, 0))
     text(left, 8, "PASS RATE", (0, 0, 0), 2)

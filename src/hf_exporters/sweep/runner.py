@@ -275,10 +275,22 @@ def shapes_label(spec: dict[str, Any]) -> str:
     return "dynamic" if spec["dynamic"] else "static"
 
 
+def cache_label(spec: dict[str, Any]) -> str:
+    """The cache kind of a spec or a record (:data:`~.job.CACHE_KINDS`): a forward job's ``cache``, ``off`` when it
+    has none (records written before cache kinds existed built every model with ``use_cache=False``); a generation
+    job is ``default`` (its model keeps the config's ``use_cache``)."""
+    if spec.get("mode") == "generation":
+        return "default"
+    return spec.get("cache") or "off"
+
+
 def job_key(spec: dict[str, Any]) -> str:
-    """``engine|backend|shapes|class``, with ``|cpp`` appended for an ExecuTorch job on the C++ runner."""
+    """``engine|backend|shapes|class``, with ``|cache=default`` appended for a forward job of the ``default``
+    cache kind and ``|cpp`` for an ExecuTorch job on the C++ runner. A key without ``|cache=`` is the ``off``
+    kind: the keys of records written before cache kinds existed keep their meaning."""
     cpp = "|cpp" if spec.get("runtime") == "cpp" and spec["backend"] == "executorch" else ""
-    return f"{spec.get('engine', 'ours')}|{spec['backend']}|{shapes_label(spec)}|{spec['class']}{cpp}"
+    cache = "|cache=default" if spec.get("mode") != "generation" and spec.get("cache") == "default" else ""
+    return f"{spec.get('engine', 'ours')}|{spec['backend']}|{shapes_label(spec)}|{spec['class']}{cache}{cpp}"
 
 
 # ── Results file ─────────────────────────────────────────────────────────────
@@ -639,7 +651,7 @@ def run_jobs(
 
     memory = int(memory_gb * 2**30)
     records: list[dict[str, Any]] = []
-    class_failures: dict[tuple[str, str], dict[str, Any]] = {}  # (class, mode) -> its first class-level failure
+    class_failures: dict[tuple[str, str, str], dict[str, Any]] = {}  # (class, mode, cache) -> its first class-level failure
     counts = {"pass": 0, "fail": 0, "skip": 0, "timeout": 0, "crash": 0, "oom": 0}
     bar = _progress(len(specs), progress)
     lock = threading.Lock()
@@ -656,6 +668,7 @@ def run_jobs(
             backend=spec["backend"],
             dynamic=bool(spec["dynamic"]),
             mode=spec.get("mode", "forward"),
+            cache=cache_label(spec),
             runtime=spec.get("runtime", "python") if spec["backend"] == "executorch" else "python",
             model_class=spec["class"],
             model_type=spec.get("model_type"),
@@ -669,7 +682,7 @@ def run_jobs(
         with lock:
             records.append(record)
             if record.get("outcome") == "fail" and record.get("stage") in CLASS_STAGES:
-                class_failures.setdefault((spec["class"], spec.get("mode", "forward")), record)
+                class_failures.setdefault((spec["class"], spec.get("mode", "forward"), cache_label(spec)), record)
             counts[record.get("outcome", "fail")] = counts.get(record.get("outcome", "fail"), 0) + 1
             if bar is not None:
                 bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in counts.items() if v), refresh=False)
@@ -679,7 +692,7 @@ def run_jobs(
 
     def reused(spec: dict[str, Any]) -> dict[str, Any] | None:
         with lock:
-            earlier = class_failures.get((spec["class"], spec.get("mode", "forward")))
+            earlier = class_failures.get((spec["class"], spec.get("mode", "forward"), cache_label(spec)))
         if earlier is None:
             return None
         copy = {k: earlier[k] for k in ("outcome", "stage", "kind", "blamed", "message", "signal") if k in earlier}
@@ -794,30 +807,64 @@ def plan(
     dynamics: list[bool],
     skip_reason: Callable[[str, str, bool], str | None] | None = None,
     recheck_skips: bool = False,
+    cache_kinds: Callable[[str], list[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Job specs in priority order: each dynamic setting in turn (static first), then class by class,
-    every backend, ours then upstream, so a partial run compares both engines on the same classes.
-    A ``dynamics`` entry ``"generation"`` plans generation-mode jobs (dynamic, ours only)."""
+    each cache kind of the class (default first), every backend, ours then upstream, so a partial run
+    compares both kinds and both engines on the same classes.
+    A ``dynamics`` entry ``"generation"`` plans generation-mode jobs (dynamic, ours only, no cache kind).
+
+    ``cache_kinds``: the cache kinds (:data:`~.job.CACHE_KINDS`) of a class's forward jobs
+    (:func:`cache_kinds_for`); without it, one job per class with no ``cache`` in its spec (the ``off`` kind)."""
     classes = list(classes)
     specs = []
     for dynamic in dynamics:
         generation = dynamic == "generation"
         for class_name, model_type in classes:
-            for backend in backends:
-                for engine in engines:
-                    if generation and engine != "ours":
-                        continue
-                    spec = {"class": class_name, "model_type": model_type, "backend": backend, "dynamic": bool(dynamic), "engine": engine}
-                    if generation:
-                        spec["mode"] = "generation"
-                    reason = skip_reason(class_name, backend, bool(dynamic)) if skip_reason else None
-                    if reason:
-                        if recheck_skips:
-                            spec["recheck"] = reason
-                        else:
-                            spec["skip"] = reason
-                    specs.append(spec)
+            kinds: list[str | None] = [None] if generation or cache_kinds is None else list(cache_kinds(class_name))
+            for cache in kinds:
+                for backend in backends:
+                    for engine in engines:
+                        if generation and engine != "ours":
+                            continue
+                        spec = {"class": class_name, "model_type": model_type, "backend": backend, "dynamic": bool(dynamic), "engine": engine}
+                        if generation:
+                            spec["mode"] = "generation"
+                        if cache is not None:
+                            spec["cache"] = cache
+                        reason = skip_reason(class_name, backend, bool(dynamic)) if skip_reason else None
+                        if reason:
+                            if recheck_skips:
+                                spec["recheck"] = reason
+                            else:
+                                spec["skip"] = reason
+                        specs.append(spec)
     return specs
+
+
+def cache_kinds_for(
+    asked: list[str], has_use_cache: Callable[[str], bool], default_only: Iterable[str] | None = None
+) -> Callable[[str], list[str]]:
+    """The ``cache_kinds`` of :func:`plan`: of the kinds ``asked`` (in :data:`~.job.CACHE_KINDS` order), ``default``
+    for every class and ``off`` for a class whose config has a ``use_cache`` field (``has_use_cache``): a class
+    without one has a single job, of kind ``default``. ``default_only``: when given, the classes with the field
+    whose ``default`` kind is planned (the smoke set's); the others with the field run ``off`` only."""
+    from .job import CACHE_KINDS
+
+    wanted = [k for k in CACHE_KINDS if k in asked]
+    chosen = None if default_only is None else set(default_only)
+
+    def kinds(class_name: str) -> list[str]:
+        field = has_use_cache(class_name)
+        out = []
+        for kind in wanted:
+            if kind == "off" and field:
+                out.append(kind)
+            elif kind == "default" and (not field or chosen is None or class_name in chosen):
+                out.append(kind)
+        return out
+
+    return kinds
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The CI smoke sweep: about 20 classes across families, and the baseline of their expected outcomes."""
+"""The CI smoke sweep: about 20 classes across families, and the baseline of their expected outcomes (keys of
+:func:`~.runner.job_key`, cache kinds included)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ SMOKE_CLASSES: dict[str, list[str]] = {
     "multimodal": ["CLIPModel", "SiglipModel"],
     "mixture-of-experts": ["MixtralModel", "Qwen2MoeModel"],
     "state-space": ["MambaModel", "Mamba2Model"],
+    "hybrid": ["Lfm2Model"],
 }
+#: classes with a ``use_cache`` field whose ``default`` cache kind (the model's cache returned and compared) the smoke
+#: sweep runs, beside their ``off`` kind: a sliding-window decoder (Gemma2: sliding and full attention layers) and a
+#: hybrid decoder (LFM2: convolution and attention layers). The other classes with the field run ``off`` only; a
+#: class without the field runs its one job, of kind ``default``.
+SMOKE_DEFAULT_CACHE = ("Gemma2Model", "Lfm2Model")
 BASELINE = Path(__file__).with_name("smoke_baseline.json")
 
 
@@ -30,7 +37,10 @@ def load_baseline(path: Path = BASELINE) -> dict[str, str]:
 
 
 def write_baseline(records: list[dict[str, Any]], path: Path = BASELINE) -> None:
-    expected = {r["key"]: r["outcome"] for r in records}
+    """Set the expected outcome of every job in ``records``; the baseline's other entries (jobs this run did not
+    run, such as a run with ``--only``) are kept."""
+    expected = load_baseline(path)
+    expected.update({r["key"]: r["outcome"] for r in records})
     path.write_text(json.dumps({"comment": "written by `hf-exporters sweep --smoke --update-baseline`", "expected": dict(sorted(expected.items()))}, indent=2) + "\n")
 
 

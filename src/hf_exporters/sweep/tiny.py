@@ -247,6 +247,16 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         {"dropout_rate": 0.0},
         "the MLP reads dropout_rate, which only the encoder-decoder config sets on its text config",
     ),
+    "gemma2": (
+        {"sliding_window": 4},
+        "the default window (4096 tokens) is wider than the sweep's inputs, so the sliding-window layers would"
+        " never drop a token; a window of 4 makes them slide, in the model and in the cache it returns",
+    ),
+    "lfm2": (
+        {"layer_types": ["conv", "full_attention"]},
+        "the default config makes every layer attention (full_attn_idxs defaults to every layer), where LFM2"
+        " checkpoints mix short-convolution and attention layers; one of each keeps the hybrid model and its cache",
+    ),
     "lfm2_moe": (
         {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
         "the config has no default layer_types (the kinds are family names); one dense layer keeps a sparse one",
