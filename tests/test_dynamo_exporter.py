@@ -15,6 +15,7 @@ from hf_exporters.exporters._common import _STATEFUL_CACHE_ATTRS
 from hf_exporters.pipeline import default_model_path
 from hf_exporters.runtime import ExportedProgramRunner, check_parity, resized_inputs
 from hf_exporters.shapes import StaticAxis
+from config_models import build, example_inputs
 from workaround_helpers import without_workarounds
 
 
@@ -285,12 +286,10 @@ def test_expert_loops_over_data_export_without_them(tmp_path, model_class, worka
     OpenAI Privacy Filter defaults its experts to that eager loop and is traced with transformers'
     batched_mm experts; SwitchTransformers, DBRX, Step 3.7 and LongCat-Flash (with its identity experts)
     write their own loops and become dense mixtures."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-    model = build_model(model_class)
-    inputs = build_inputs(model)
+    model = build(model_class)
+    inputs = example_inputs(model)
     with without_workarounds(workaround):
         with pytest.raises(ExportStageError, match="Could not guard on data-dependent expression"):
             DynamoExporter().export(model, inputs)
@@ -309,11 +308,9 @@ def test_expert_loops_over_data_export_without_them(tmp_path, model_class, worka
 def _tiny_refused_without(model_class, workaround, refusal):
     """The sweep's tiny ``model_class`` and its inputs, after checking that the export without
     ``workaround`` fails matching ``refusal``; returns (model, inputs, exporter, program) exported with it."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
 
-    model = build_model(model_class)
-    inputs = build_inputs(model)
+    model = build(model_class)
+    inputs = example_inputs(model)
     with without_workarounds(workaround):
         with pytest.raises(ExportStageError, match=refusal):
             DynamoExporter().export(model, inputs)
@@ -357,12 +354,10 @@ def test_sdpa_with_sizes_read_from_data_takes_the_math_backend(tmp_path, monkeyp
     """SAM 3's attention mask spans image tokens counted from the data; CPU SDPA's kernel choice
     compares that size with the key length and stops the trace, the math kernel does not; the
     program records that kernel, so its decomposition (ONNX, ExecuTorch) needs no choice either."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
     from hf_exporters.workarounds.dynamo import attention
 
-    model = build_model("Sam3LiteTextModel")
-    inputs = build_inputs(model)
+    model = build("Sam3LiteTextModel")
+    inputs = example_inputs(model)
     with monkeypatch.context() as patched:
         patched.setattr(attention, "_has_data_dependent_sizes", lambda *tensors: False)
         with pytest.raises(ExportStageError, match=r"Could not guard on data-dependent expression Eq\(u0\*u1, 4\)"):
@@ -723,9 +718,8 @@ def test_encodec_conv_padding_from_ints(tmp_path):
 
     from transformers.models.mimi import modeling_mimi
 
-    from hf_exporters.sweep.job import build_model
 
-    mimi = [m for m in build_model("MimiModel").modules() if isinstance(m, modeling_mimi.MimiConv1d)]
+    mimi = [m for m in build("MimiModel").modules() if isinstance(m, modeling_mimi.MimiConv1d)]
     for conv in mimi[:6]:
         for causal in (True, False):
             conv.causal = causal
@@ -898,11 +892,9 @@ def _length_stays_dynamic(tmp_path, model_class, workaround):
     """The sweep's tiny ``model_class`` exported with a dynamic length: without ``workaround`` the
     length axis ends static, with it no axis does and the program matches eager at the export length
     and a longer one. Returns the program."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
 
-    model = build_model(model_class)
-    inputs = build_inputs(model)
+    model = build(model_class)
+    inputs = example_inputs(model)
     length = inputs["input_ids"].shape[1]
     with without_workarounds(workaround):
         exporter = DynamoExporter()
@@ -981,9 +973,8 @@ def test_cpmant_mask_keeps_the_length_dynamic(tmp_path):
     from transformers.models.cpmant.modeling_cpmant import CpmAntModel
 
     from hf_exporters.registry import apply_patches
-    from hf_exporters.sweep.job import build_model
 
-    model = build_model("CpmAntModel")
+    model = build("CpmAntModel")
     torch.manual_seed(0)
     for batch, length in ((1, 1), (2, 5), (3, 12)):
         input_ids = torch.zeros(batch, length + model.prompt_length, dtype=torch.long)
@@ -1091,11 +1082,9 @@ def test_reformer_axial_positions_keep_the_batch_dynamic(tmp_path):
     """Reformer selects each sample's axial positions in a loop over the batch, which fixes the batch
     size; gathered from the full axial grid, the batch stays dynamic, and the program matches eager
     at the export batch and at a larger one (other lengths too), with position ids that skip around."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
 
-    model = build_model("ReformerModel")
-    inputs = build_inputs(model)
+    model = build("ReformerModel")
+    inputs = example_inputs(model)
     with without_workarounds("_patch_reformer_axial_positions_gathered"):
         exporter = DynamoExporter()
         result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
@@ -1124,11 +1113,9 @@ def test_pixtral_same_size_images_keep_the_batch_dynamic(tmp_path):
     the model's own forward (which takes effect although the exporter wraps ``forward`` first) packs
     them at once, the batch stays dynamic and the program matches eager at 2 and at 4 images. The
     patched method keeps the class's decorators: hidden states can still be asked for."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
 
-    model = build_model("PixtralVisionModel")
-    inputs = build_inputs(model)
+    model = build("PixtralVisionModel")
+    inputs = example_inputs(model)
     with without_workarounds("_patch_pixtral_same_size_images_batched"):
         exporter = DynamoExporter()
         result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
@@ -1156,9 +1143,8 @@ def test_encodec_keeps_the_waveform_length_dynamic(tmp_path):
     a length that is a multiple of the hop). Under the two patches the length stays dynamic and the
     program matches eager, shape and samples, at the export length and at a length that is not a
     multiple of the hop."""
-    from hf_exporters.sweep.job import build_model
 
-    model = build_model("EncodecModel")
+    model = build("EncodecModel")
     torch.manual_seed(0)
     inputs = {"input_values": torch.randn(2, 1, 3200)}
     # the patched export first: an unpatched trace earlier in the process leaves a length guard
@@ -1188,11 +1174,9 @@ def test_longformer_attention_exports_with_global_tokens(tmp_path, model_class):
     global count; LED's encoder copies it. Without the dense-attention patch the trace stops on that
     guard; with it one dynamic program matches eager with no global token, with global tokens and
     padding, and at a longer length."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
 
-    model = build_model(model_class)
-    inputs = build_inputs(model)
+    model = build(model_class)
+    inputs = example_inputs(model)
     batch, length = inputs["input_ids"].shape
     inputs["global_attention_mask"] = torch.zeros(batch, length, dtype=torch.long)
     with without_workarounds("_patch_longformer_attention_dense"):
@@ -1254,8 +1238,6 @@ def test_fastspeech2_length_regulator_gives_a_data_dependent_frame_count(tmp_pat
     equals the model's own, the all-zero-durations rule included."""
     import transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer as fs2
 
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
     from hf_exporters.workarounds.dynamo.audio import _patch_fastspeech2_length_regulator_gathered
 
     patches = ("_patch_fastspeech2_length_regulator_gathered", "_patch_fastspeech2_relative_table_bounded", "_patch_relative_shift_gathered")
@@ -1267,8 +1249,8 @@ def test_fastspeech2_length_regulator_gives_a_data_dependent_frame_count(tmp_pat
         got = regulator(embeddings, durations.clone())
         assert got.shape == expected.shape and torch.equal(got, expected)
 
-    model = build_model("FastSpeech2ConformerModel")
-    inputs = build_inputs(model)
+    model = build("FastSpeech2ConformerModel")
+    inputs = example_inputs(model)
     with without_workarounds(*patches):
         with pytest.raises(ExportStageError) as failed:
             DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))
@@ -1294,8 +1276,6 @@ def test_kimi_vision_indices_keep_the_grid_symbolic(tmp_path):
     three two-frame clips of other sizes."""
     import transformers.models.kimi_k25.modeling_kimi_k25 as kimi
 
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
     from hf_exporters.workarounds.dynamo.vision import _patch_kimi_frame_index_symbolic, _patch_kimi_temporal_merge_index_symbolic
 
     frame_index = _patch_kimi_frame_index_symbolic(kimi.get_vision_frame_index)
@@ -1306,8 +1286,8 @@ def test_kimi_vision_indices_keep_the_grid_symbolic(tmp_path):
         got, want = merge_index(grid, 2, 2), kimi.get_vision_temporal_merge_index(grid, 2, 2)
         assert got.shape == want.shape and torch.equal(got, want)
 
-    model = build_model("Kimi_K25VisionModel")
-    inputs = build_inputs(model)
+    model = build("Kimi_K25VisionModel")
+    inputs = example_inputs(model)
     with without_workarounds("_patch_kimi_frame_index_symbolic", "_patch_kimi_temporal_merge_index_symbolic"):
         with pytest.raises(ExportStageError, match="data-dependent"):
             DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))
@@ -1328,8 +1308,6 @@ def test_vision_position_ids_and_videollama3_downsampling_for_any_image_count(tm
     import transformers.models.video_llama_3.modeling_video_llama_3 as vl3
     import transformers.vision_utils as vision_utils
 
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
     from hf_exporters.workarounds.dynamo.vision import _patch_videollama3_pixel_unshuffle_gathered, _patch_vision_position_ids_symbolic
 
     position_ids = _patch_vision_position_ids_symbolic(vision_utils.get_vision_position_ids)
@@ -1346,8 +1324,8 @@ def test_vision_position_ids_and_videollama3_downsampling_for_any_image_count(tm
             got, want = unshuffle(None, hidden, grid, merge), vl3.VideoLlama3VisionModel.pixel_unshuffle(None, hidden, grid, merge)
             assert got.shape == want.shape and torch.equal(got, want)
 
-    model = build_model("VideoLlama3VisionModel")
-    inputs = build_inputs(model)
+    model = build("VideoLlama3VisionModel")
+    inputs = example_inputs(model)
     with without_workarounds("_patch_videollama3_pixel_unshuffle_gathered"):
         with pytest.raises(ExportStageError, match="data-dependent"):
             DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))

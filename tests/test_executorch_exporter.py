@@ -21,6 +21,7 @@ from hf_exporters.runtime import check_parity, resized_inputs  # noqa: E402
 from hf_exporters.runtime.et_runner import ExecutorchRunner  # noqa: E402
 from hf_exporters.shapes import StaticAxis, size_oblivious_sizes  # noqa: E402
 from hf_exporters.workarounds.executorch import fx_program_fixes  # noqa: E402
+from config_models import build, example_inputs  # noqa: E402
 from workaround_helpers import without_workarounds  # noqa: E402
 
 AUTO = torch.export.Dim.AUTO
@@ -259,11 +260,9 @@ def test_patch_edge_verifier_python_sym_ops(tmp_path):
 def test_complex_rotary_in_real_arithmetic(tmp_path, model_class, apply_patch, bound):
     """DeepSeek-V2 and Llama 4 rotate queries and keys with complex numbers, which ExecuTorch lacks;
     the patches carry the table as (cos, sin) pairs and write the complex product out."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
 
-    model = build_model(model_class)
-    inputs = build_inputs(model)
+    model = build(model_class)
+    inputs = example_inputs(model)
     report = _refused_without_then_parity(
         model, inputs, ("_patch_deepseek_v2_rotary_as_real_pairs", apply_patch), "complex", tmp_path, atol=1e-3,
     )
@@ -855,11 +854,9 @@ def test_real_dft2_equals_the_real_part_of_fftn(shape):
 def test_fnet_fourier_mixing_exports_for_executorch(tmp_path):
     """FNet mixes tokens with complex FFTs, which are not core ATen; the patch writes the real part
     out as cosine and sine matrix products, and the .pte matches eager."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
 
-    model = build_model("FNetModel")
-    inputs = build_inputs(model)
+    model = build("FNetModel")
+    inputs = example_inputs(model)
     report = _refused_without_then_parity(
         model, inputs, "_patch_fnet_fourier_as_real_matmuls", re.escape("aten._fft_"), tmp_path, atol=1e-3,
     )

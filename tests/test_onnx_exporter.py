@@ -27,6 +27,7 @@ from hf_exporters.exporters import onnx as onnx_module  # noqa: E402
 from hf_exporters.exporters.onnx import OnnxExporter, newest_opset  # noqa: E402
 from hf_exporters.runtime import check_parity, resized_inputs  # noqa: E402
 from hf_exporters.shapes import StaticAxis  # noqa: E402
+from config_models import build, example_inputs  # noqa: E402
 from workaround_helpers import without_workarounds  # noqa: E402
 
 SOURCE = Path(onnx_module.__file__).read_text()
@@ -516,11 +517,9 @@ def test_sym_numel_translation(tmp_path: Path) -> None:
     """The Qwen3-VL vision tower reshapes tensors whose length comes from ``repeat_interleave`` by
     grid sizes (position-embedding interpolation); the program keeps ``aten.sym_numel`` in its
     runtime asserts, which only our translation lowers."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
 
-    model = build_model("Qwen3VLVisionModel")
-    inputs = build_inputs(model)
+    model = build("Qwen3VLVisionModel")
+    inputs = example_inputs(model)
     with without_workarounds("_aten_sym_numel"):
         with pytest.raises(ExportStageError, match="No ONNX function found for <OpOverload\\(op='aten.sym_numel'"):
             OnnxExporter().export(model, inputs)
@@ -823,11 +822,9 @@ def test_multi_output_rewrite_does_not_walk_the_graph_per_node(monkeypatch):
 def test_selective_scan_exports_as_an_onnx_scan_with_a_dynamic_length(tmp_path: Path) -> None:
     """Mamba's selective scan, a scan op after the Dynamo patch, becomes an ONNX ``Scan`` whose length
     follows the input: onnxruntime matches eager at the export length and at a longer one."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
 
-    model = build_model("FalconMambaModel")
-    inputs = build_inputs(model)
+    model = build("FalconMambaModel")
+    inputs = example_inputs(model)
     exporter = OnnxExporter()
     result = exporter.run(model, inputs, OnnxConfig(dynamic=True))
     program = result.program
