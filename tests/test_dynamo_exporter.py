@@ -308,7 +308,6 @@ def test_expert_loops_over_data_export_without_them(tmp_path, model_class, worka
 def _tiny_refused_without(model_class, workaround, refusal):
     """The sweep's tiny ``model_class`` and its inputs, after checking that the export without
     ``workaround`` fails matching ``refusal``; returns (model, inputs, exporter, program) exported with it."""
-
     model = build(model_class)
     inputs = example_inputs(model)
     with without_workarounds(workaround):
@@ -892,7 +891,6 @@ def _length_stays_dynamic(tmp_path, model_class, workaround):
     """The sweep's tiny ``model_class`` exported with a dynamic length: without ``workaround`` the
     length axis ends static, with it no axis does and the program matches eager at the export length
     and a longer one. Returns the program."""
-
     model = build(model_class)
     inputs = example_inputs(model)
     length = inputs["input_ids"].shape[1]
@@ -1082,7 +1080,6 @@ def test_reformer_axial_positions_keep_the_batch_dynamic(tmp_path):
     """Reformer selects each sample's axial positions in a loop over the batch, which fixes the batch
     size; gathered from the full axial grid, the batch stays dynamic, and the program matches eager
     at the export batch and at a larger one (other lengths too), with position ids that skip around."""
-
     model = build("ReformerModel")
     inputs = example_inputs(model)
     with without_workarounds("_patch_reformer_axial_positions_gathered"):
@@ -1113,7 +1110,6 @@ def test_pixtral_same_size_images_keep_the_batch_dynamic(tmp_path):
     the model's own forward (which takes effect although the exporter wraps ``forward`` first) packs
     them at once, the batch stays dynamic and the program matches eager at 2 and at 4 images. The
     patched method keeps the class's decorators: hidden states can still be asked for."""
-
     model = build("PixtralVisionModel")
     inputs = example_inputs(model)
     with without_workarounds("_patch_pixtral_same_size_images_batched"):
@@ -1143,7 +1139,6 @@ def test_encodec_keeps_the_waveform_length_dynamic(tmp_path):
     a length that is a multiple of the hop). Under the two patches the length stays dynamic and the
     program matches eager, shape and samples, at the export length and at a length that is not a
     multiple of the hop."""
-
     model = build("EncodecModel")
     torch.manual_seed(0)
     inputs = {"input_values": torch.randn(2, 1, 3200)}
@@ -1174,7 +1169,6 @@ def test_longformer_attention_exports_with_global_tokens(tmp_path, model_class):
     global count; LED's encoder copies it. Without the dense-attention patch the trace stops on that
     guard; with it one dynamic program matches eager with no global token, with global tokens and
     padding, and at a longer length."""
-
     model = build(model_class)
     inputs = example_inputs(model)
     batch, length = inputs["input_ids"].shape

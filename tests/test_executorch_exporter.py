@@ -260,7 +260,6 @@ def test_patch_edge_verifier_python_sym_ops(tmp_path):
 def test_complex_rotary_in_real_arithmetic(tmp_path, model_class, apply_patch, bound):
     """DeepSeek-V2 and Llama 4 rotate queries and keys with complex numbers, which ExecuTorch lacks;
     the patches carry the table as (cos, sin) pairs and write the complex product out."""
-
     model = build(model_class)
     inputs = example_inputs(model)
     report = _refused_without_then_parity(
@@ -854,7 +853,6 @@ def test_real_dft2_equals_the_real_part_of_fftn(shape):
 def test_fnet_fourier_mixing_exports_for_executorch(tmp_path):
     """FNet mixes tokens with complex FFTs, which are not core ATen; the patch writes the real part
     out as cosine and sine matrix products, and the .pte matches eager."""
-
     model = build("FNetModel")
     inputs = example_inputs(model)
     report = _refused_without_then_parity(

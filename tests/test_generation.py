@@ -159,7 +159,6 @@ def qwen3_5():
     """Qwen3.5, text only: gated delta-net (linear attention) layers beside full attention, multimodal
     rotary positions. ``generate()`` drops an all-ones attention mask; the decode step exported from
     such a batch still applies the mask of a padded one, and takes the positions from it."""
-
     model = build("Qwen3_5ForConditionalGeneration")
     model.generation_config.eos_token_id = None
     # exported from an unpadded batch (generate() then drops the all-ones mask), run on a padded one
@@ -504,7 +503,6 @@ def test_a_hybrid_cache_carries_recurrent_states_beside_keys_and_values(tmp_path
 def test_a_hybrid_cache_with_sliding_window_layers_is_refused_by_name():
     """A recurrent layer paired with sliding-window attention (Inkling2) is not carried yet: the error
     names the layer kind and the kinds that are."""
-
     model = build("Inkling2ForCausalLM")
     inputs = {k: v for k, v in example_inputs(model).items() if k in ("input_ids", "attention_mask")}
     with pytest.raises(InputError, match=r"^Inkling2ForCausalLM: generate\(\)'s cache holds recurrent state beside layers of kind "

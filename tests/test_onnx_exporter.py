@@ -517,7 +517,6 @@ def test_sym_numel_translation(tmp_path: Path) -> None:
     """The Qwen3-VL vision tower reshapes tensors whose length comes from ``repeat_interleave`` by
     grid sizes (position-embedding interpolation); the program keeps ``aten.sym_numel`` in its
     runtime asserts, which only our translation lowers."""
-
     model = build("Qwen3VLVisionModel")
     inputs = example_inputs(model)
     with without_workarounds("_aten_sym_numel"):
@@ -822,7 +821,6 @@ def test_multi_output_rewrite_does_not_walk_the_graph_per_node(monkeypatch):
 def test_selective_scan_exports_as_an_onnx_scan_with_a_dynamic_length(tmp_path: Path) -> None:
     """Mamba's selective scan, a scan op after the Dynamo patch, becomes an ONNX ``Scan`` whose length
     follows the input: onnxruntime matches eager at the export length and at a longer one."""
-
     model = build("FalconMambaModel")
     inputs = example_inputs(model)
     exporter = OnnxExporter()
