@@ -212,7 +212,18 @@ def _qwen2_vl_vision_tower():
     return tower, {"hidden_states": patches, "grid_thw": grid}
 
 
+@pytest.mark.canary
+def test_varlen_vision_attention_is_refused_without_the_block_mask():
+    tower, inputs = _qwen2_vl_vision_tower()
+    with without_workarounds("_patch_varlen_attention_as_block_mask"):
+        with pytest.raises(ExportStageError, match=r"Could not guard on data-dependent expression Eq\(u\d+, 0\)"):
+            DynamoExporter().export(tower, inputs)
+
+
 def test_varlen_vision_attention_exports_as_one_block_diagonal_call(tmp_path):
+    """Packed pieces split with ``lengths.tolist()`` stop the trace (the canary tier's
+    test_varlen_vision_attention_is_refused_without_the_block_mask); one block-diagonal SDPA call
+    gives the per-piece numbers and exports."""
     from hf_exporters.workarounds.dynamo.attention import _block_diagonal_sdpa
 
     # the mask keeps each packed piece to itself: same numbers as one SDPA call per piece
@@ -235,9 +246,6 @@ def test_varlen_vision_attention_exports_as_one_block_diagonal_call(tmp_path):
     tower, inputs = _qwen2_vl_vision_tower()
     attention = type(tower.blocks[0].attn)
     original = attention.forward
-    with without_workarounds("_patch_varlen_attention_as_block_mask"):
-        with pytest.raises(ExportStageError, match=r"Could not guard on data-dependent expression Eq\(u\d+, 0\)"):
-            DynamoExporter().export(tower, inputs)
     exporter = DynamoExporter()
     program = exporter.export(tower, inputs)
     runner = exporter.load_runner(exporter.save(program, tmp_path))

@@ -513,15 +513,21 @@ def test_varlen_vision_attention_runs_in_onnxruntime(tmp_path: Path) -> None:
     assert report.ok and report.max_abs_diff < 1e-4
 
 
+@pytest.mark.canary
+def test_sym_numel_is_refused_without_the_translation() -> None:
+    model = build("Qwen3VLVisionModel")
+    with without_workarounds("_aten_sym_numel"):
+        with pytest.raises(ExportStageError, match="No ONNX function found for <OpOverload\\(op='aten.sym_numel'"):
+            OnnxExporter().export(model, example_inputs(model))
+
+
 def test_sym_numel_translation(tmp_path: Path) -> None:
     """The Qwen3-VL vision tower reshapes tensors whose length comes from ``repeat_interleave`` by
     grid sizes (position-embedding interpolation); the program keeps ``aten.sym_numel`` in its
-    runtime asserts, which only our translation lowers."""
+    runtime asserts, which only our translation lowers (without it, the canary tier's
+    test_sym_numel_is_refused_without_the_translation)."""
     model = build("Qwen3VLVisionModel")
     inputs = example_inputs(model)
-    with without_workarounds("_aten_sym_numel"):
-        with pytest.raises(ExportStageError, match="No ONNX function found for <OpOverload\\(op='aten.sym_numel'"):
-            OnnxExporter().export(model, inputs)
     exporter = OnnxExporter()
     program = exporter.export(model, inputs)
     (report,) = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=exporter.default_atol)
