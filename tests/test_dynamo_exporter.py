@@ -483,7 +483,8 @@ def test_pixel_shuffle_index_equals_transformers():
 @pytest.mark.parametrize(
     "model_class, grid_name, others",
     [
-        ("Qwen2_5_VisionTransformerPretrainedModel", "grid_thw", ([[1, 2, 8]], [[2, 2, 4]])),
+        # the window index the fast tier checks against transformers' (test_window_index_by_sort_equals_transformers)
+        pytest.param("Qwen2_5_VisionTransformerPretrainedModel", "grid_thw", ([[1, 2, 8]], [[2, 2, 4]]), marks=pytest.mark.canary),
         ("MiniCPMOcrVisionModel", "target_sizes", ([[2, 8], [8, 2]], [[8, 2], [4, 4]])),
         ("MuseSparkVisionModel", "grid_thw", ([[1, 2, 8]], [[2, 2, 4]])),
         ("Cosmos3EdgeVisionModel", "grid_thw", ([[1, 2, 8]], [[2, 2, 4]])),
@@ -737,17 +738,26 @@ def test_trace_failing_under_size_oblivious_reasoning_is_retried_with_plain_reas
     assert note.startswith("traced again with plain size reasoning, it failed too: RuntimeError: shape '[-1, 5]' is invalid")
 
 
-def test_encodec_conv_padding_from_ints(tmp_path):
+@pytest.mark.canary
+def test_encodec_exports_with_the_conv_padding_from_ints(tmp_path):
+    """Encodec exports statically with its paddings computed from ints (without them: the canary's
+    REFUSED_WITHOUT); the fast tier exports it with a dynamic length
+    (test_encodec_keeps_the_waveform_length_dynamic)."""
+    model, inputs, exporter, program = _tiny_exported("EncodecModel")
+    (report,) = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=1e-4)
+    assert report.ok and report.max_abs_diff < 1e-5
+
+
+def test_encodec_conv_padding_from_ints():
     """EncodecConv1d keeps its geometry in int64 buffers and reads its paddings back from tensors: the
     reflect-pad branch then guards on unbacked symbols. Computed from the convolution's own ints, the
-    padding is eager's for every length, causal or not, reflect or zero, and the model exports."""
+    padding is eager's for every length, causal or not, reflect or zero (and the model exports:
+    test_encodec_exports_with_the_conv_padding_from_ints)."""
     from transformers.models.encodec import modeling_encodec
 
     from hf_exporters.registry import apply_patches
 
-    model, inputs, exporter, program = _tiny_exported("EncodecModel")
-    (report,) = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=1e-4)
-    assert report.ok and report.max_abs_diff < 1e-5
+    model = build("EncodecModel")
     convs = [m for m in model.modules() if isinstance(m, modeling_encodec.EncodecConv1d)]
     geometries = {(c.conv.kernel_size[0], c.conv.stride[0]) for c in convs}
     assert len(geometries) >= 4  # strided and unstrided kernels
@@ -1093,9 +1103,11 @@ def test_funnel_positions_pool_like_the_lists():
     assert FunnelAttentionStructure.relative_pos is original_relative_pos
 
 
+@pytest.mark.canary
 def test_funnel_keeps_the_length_dynamic(tmp_path):
     """With its positions kept as numbers, Funnel exports with a dynamic length and matches eager at
-    the export length and a longer one."""
+    the export length and a longer one. (The fast tier checks the positions against the lists:
+    test_funnel_positions_pool_like_the_lists.)"""
     _length_stays_dynamic(tmp_path, "FunnelModel")
 
 
@@ -1292,12 +1304,9 @@ def test_distribution_in_forward_exports_and_validation_is_restored(tmp_path):
     assert runner(longer)[0].shape == (3, 9)
 
 
-def test_fastspeech2_length_regulator_gives_a_data_dependent_frame_count(tmp_path):
-    """FastSpeech 2 expands each phoneme by its predicted duration: a branch on the durations' sum and a
-    per-sample ``repeat_interleave`` loop, then a relative-position decoder over the frames. Without
-    the three patches the trace stops on a data-dependent guard (the canary's REFUSED_WITHOUT); with them one dynamic program
-    matches eager on two input sets whose spectrograms differ in length, and the patched regulator
-    equals the model's own, the all-zero-durations rule included."""
+def test_fastspeech2_length_regulator_gathered_equals_the_model_s():
+    """The patched length regulator equals FastSpeech 2's own, the all-zero-durations rule included
+    (the model's export with it: test_fastspeech2_length_regulator_gives_a_data_dependent_frame_count)."""
     import transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer as fs2
 
     from hf_exporters.workarounds.dynamo.audio import _patch_fastspeech2_length_regulator_gathered
@@ -1310,6 +1319,13 @@ def test_fastspeech2_length_regulator_gives_a_data_dependent_frame_count(tmp_pat
         got = regulator(embeddings, durations.clone())
         assert got.shape == expected.shape and torch.equal(got, expected)
 
+
+@pytest.mark.canary
+def test_fastspeech2_length_regulator_gives_a_data_dependent_frame_count(tmp_path):
+    """FastSpeech 2 expands each phoneme by its predicted duration: a branch on the durations' sum and a
+    per-sample ``repeat_interleave`` loop, then a relative-position decoder over the frames. Without
+    the three patches the trace stops on a data-dependent guard (the canary's REFUSED_WITHOUT); with
+    them one dynamic program matches eager on two input sets whose spectrograms differ in length."""
     model = build("FastSpeech2ConformerModel")
     inputs = example_inputs(model)
     exporter = DynamoExporter()

@@ -68,8 +68,10 @@ def test_case_onnx_parity(case_id: str, tmp_path: Any) -> None:
         assert len({str(s) for s in sizes}) > 1
 
 
+@pytest.mark.canary
 def test_h5_no_nan_in_fully_masked_row(tmp_path: Any) -> None:
-    """The padding row that masks every key comes out finite, as in eager (onnxscript#2561)."""
+    """The padding row that masks every key comes out finite, as in eager (onnxscript#2561). (The fast
+    tier's H5 case exports the same model and checks every output finite and within ATOL.)"""
     model, (inputs,), _ = h5_bert_masked_row()
     exporter = OnnxExporter()
     path = exporter.save(exporter.export(model, inputs, OnnxConfig()), tmp_path)
