@@ -726,7 +726,7 @@ def test_optimizer_keeps_small_epsilons_and_drops_exact_no_ops(tmp_path: Path) -
 
 
 class _MimiConvStack(torch.nn.Module):
-    """Two of Mimi's padded Conv1d layers (strided, causal, then not) as the sweep's tiny Mimi has them."""
+    """Two of Mimi's padded Conv1d layers (strided, causal, then not) as the tiny Mimi of tests/configs/MimiModel.json has them."""
 
     def __init__(self) -> None:
         super().__init__()
