@@ -521,11 +521,25 @@ def test_sym_numel_is_refused_without_the_translation() -> None:
             OnnxExporter().export(model, example_inputs(model))
 
 
+def test_sym_numel_translation_is_the_product_of_the_shape() -> None:
+    """torchlib has no translation of ``aten.sym_numel`` (the canary tier's
+    test_sym_numel_is_refused_without_the_translation); ours is registered for it and gives the
+    element count as a 0-d INT64: an empty axis gives 0, a 0-d tensor 1."""
+    from hf_exporters.workarounds.onnx.translations import _aten_sym_numel
+
+    assert registry.onnx_translation_table()[torch.ops.aten.sym_numel.default] is _aten_sym_numel
+    for shape, count in (((2, 3, 4), 24), ((5,), 5), ((3, 0, 2), 0), ((), 1)):
+        got = _aten_sym_numel(np.zeros(shape, dtype=np.float32)).value  # onnxscript's eager evaluation
+        assert got.shape == () and got.dtype == np.int64 and int(got) == count, shape
+
+
+@pytest.mark.canary
 def test_sym_numel_translation(tmp_path: Path) -> None:
     """The Qwen3-VL vision tower reshapes tensors whose length comes from ``repeat_interleave`` by
     grid sizes (position-embedding interpolation); the program keeps ``aten.sym_numel`` in its
     runtime asserts, which only our translation lowers (without it, the canary tier's
-    test_sym_numel_is_refused_without_the_translation)."""
+    test_sym_numel_is_refused_without_the_translation; the translation alone:
+    test_sym_numel_translation_is_the_product_of_the_shape)."""
     model = build("Qwen3VLVisionModel")
     inputs = example_inputs(model)
     exporter = OnnxExporter()
