@@ -70,8 +70,11 @@ smoke: $(STAMP)
 	rm -rf out/smoke-sweep
 	$(VENV)/bin/hf-exporters sweep --smoke --backend dynamo,onnx,executorch --shapes static --jobs 2 --timeout 180 --no-resume --no-progress --output out/smoke-sweep
 
+# every test, the two tiers in separate runs (an unpatched trace of Encodec in the canary tier leaves a length
+# guard in the next program torch traces in that process)
 test-slow: $(STAMP) cpp cpp-asan
-	$(PYTEST) tests
+	$(PYTEST) -m "not canary" tests
+	$(PYTEST) -m canary tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/export_time.py
