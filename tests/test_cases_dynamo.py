@@ -1,6 +1,8 @@
 """Cases of ../shared/cases/cases.yaml through the dynamo backend: one export, every run_with input,
 parity with eager in ExportedProgram.module() within 1e-4."""
 
+import functools
+
 import pytest
 import torch
 from case_models import CASES, unexpected_static
@@ -10,12 +12,19 @@ from hf_exporters.known_issues import skip_reason
 from hf_exporters.runtime import ExportedProgramRunner, check_parity
 
 
-@pytest.mark.parametrize("case", ["H1", "H2", "H3", "H6", "H7", "H12", "H15"])
-def test_case_dynamo(case):
+@functools.cache
+def _exported(case):
+    """The case's model, input sets, export result and program, exported once for every test of this file."""
+    torch.manual_seed(0)
     model, input_sets, dynamic = CASES[case]()
     exporter = DynamoExporter()
     result = exporter.run(model, input_sets[0], DynamoConfig(dynamic=dynamic))
-    program = result.program
+    return model, input_sets, result, result.program
+
+
+@pytest.mark.parametrize("case", ["H1", "H2", "H3", "H6", "H7", "H12", "H15"])
+def test_case_dynamo(case):
+    model, input_sets, result, program = _exported(case)
     assert unexpected_static(result.static_axes, case) == []  # batch and sequence axes stayed dynamic
     reports = check_parity(model, ExportedProgramRunner(program), input_sets, atol=1e-4)
     assert len(reports) == len(input_sets)
@@ -24,8 +33,7 @@ def test_case_dynamo(case):
 
 
 def test_h3_outputs_include_the_updated_cache():
-    model, input_sets, _ = CASES["H3"]()
-    program = DynamoExporter().export(model, input_sets[0], DynamoConfig(dynamic=True))
+    model, input_sets, _, program = _exported("H3")
     report = check_parity(model, ExportedProgramRunner(program), input_sets[1:], atol=1e-4)[0]
     names = [leaf.name for leaf in report.leaves]
     assert names[0] == "logits" and len(names) == 1 + 2 * 2  # logits, then keys and values of 2 layers
@@ -34,7 +42,7 @@ def test_h3_outputs_include_the_updated_cache():
 
 def test_h1_eager_still_works_after_export():
     """Stage 5: the longrope table the trace set on the rotary module is removed afterwards."""
-    model, input_sets, _ = CASES["H1"]()
+    model, input_sets, _ = CASES["H1"]()  # its own model: eager runs at length 12 set the table too
     rotary = model.model.rotary_emb
     assert "long_inv_freq" not in vars(rotary)
     DynamoExporter().export(model, input_sets[0], DynamoConfig(dynamic=True))
@@ -45,8 +53,7 @@ def test_h1_eager_still_works_after_export():
 
 
 def test_h7_batch_one_export_serves_other_sizes():
-    model, input_sets, _ = CASES["H7"]()
-    program = DynamoExporter().export(model, input_sets[0], DynamoConfig(dynamic=True))
+    _, _, _, program = _exported("H7")  # a dynamic export from batch 1
     shape = [n for n in program.graph.nodes if n.name == "input_ids"][0].meta["val"].shape
     assert all(isinstance(d, torch.SymInt) for d in shape)
 

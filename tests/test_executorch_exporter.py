@@ -21,6 +21,7 @@ from hf_exporters.runtime import check_parity, resized_inputs  # noqa: E402
 from hf_exporters.runtime.et_runner import ExecutorchRunner  # noqa: E402
 from hf_exporters.shapes import StaticAxis, size_oblivious_sizes  # noqa: E402
 from hf_exporters.workarounds.executorch import fx_program_fixes  # noqa: E402
+from config_models import build, example_inputs  # noqa: E402
 from workaround_helpers import without_workarounds  # noqa: E402
 
 AUTO = torch.export.Dim.AUTO
@@ -252,21 +253,36 @@ def test_patch_edge_verifier_python_sym_ops(tmp_path):
     assert [r.ok for r in reports] == [True, True] and max(r.max_abs_diff for r in reports) == 0.0
 
 
-@pytest.mark.parametrize(
-    ("model_class", "apply_patch", "bound"),
-    [("DeepseekV2Model", "_patch_deepseek_v2_apply_rotary_real", 1e-5), ("Llama4TextModel", "_patch_llama4_apply_rotary_real", 1e-4)],
-)
-def test_complex_rotary_in_real_arithmetic(tmp_path, model_class, apply_patch, bound):
-    """DeepSeek-V2 and Llama 4 rotate queries and keys with complex numbers, which ExecuTorch lacks;
-    the patches carry the table as (cos, sin) pairs and write the complex product out."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
+#: (tiny family, the workarounds it needs, what the export says without them): the canary tier exports
+#: each without them (test_refused_without_the_workaround), the fast tier with them.
+REFUSED_WITHOUT = [
+    ("DeepseekV2Model", ("_patch_deepseek_v2_rotary_as_real_pairs", "_patch_deepseek_v2_apply_rotary_real"), "complex"),
+    ("Llama4TextModel", ("_patch_deepseek_v2_rotary_as_real_pairs", "_patch_llama4_apply_rotary_real"), "complex"),
+    ("FNetModel", ("_patch_fnet_fourier_as_real_matmuls",), re.escape("aten._fft_")),
+]
 
-    model = build_model(model_class)
-    inputs = build_inputs(model)
-    report = _refused_without_then_parity(
-        model, inputs, ("_patch_deepseek_v2_rotary_as_real_pairs", apply_patch), "complex", tmp_path, atol=1e-3,
-    )
+
+@pytest.mark.canary
+@pytest.mark.parametrize(("model_class", "workarounds", "refusal"), REFUSED_WITHOUT, ids=[row[0] for row in REFUSED_WITHOUT])
+def test_refused_without_the_workaround(model_class, workarounds, refusal):
+    model = build(model_class)
+    _refused_without(model, example_inputs(model), workarounds, refusal)
+
+
+@pytest.mark.canary
+def test_gpt2_attention_output_view_is_refused_without_the_copy():
+    """The refusal half of test_patch_sdpa_output_copy."""
+    model, inputs = _tiny_gpt2()
+    _refused_without(model, inputs, "_patch_sdpa_output_copy", r"Cannot view a tensor with shape torch.Size\(\[2, 8, 32\]\)")
+
+
+@pytest.mark.parametrize(("model_class", "bound"), [("DeepseekV2Model", 1e-5), ("Llama4TextModel", 1e-4)])
+def test_complex_rotary_in_real_arithmetic(tmp_path, model_class, bound):
+    """DeepSeek-V2 and Llama 4 rotate queries and keys with complex numbers, which ExecuTorch lacks
+    (the canary's REFUSED_WITHOUT); the patches carry the table as (cos, sin) pairs and write the
+    complex product out."""
+    model = build(model_class)
+    report = _pte_parity(model, example_inputs(model), tmp_path, atol=1e-3)
     assert report.ok and report.max_abs_diff < bound  # eager multiplies complex numbers, the .pte real pairs
 
 
@@ -493,16 +509,25 @@ def test_missing_operator_kernels_are_named(tmp_path, monkeypatch):
     )
 
 
-def _refused_without_then_parity(model, inputs, workaround, refusal, tmp_path, atol):
-    """Export ``model`` without ``workaround`` (a name or a tuple of names; the export must fail matching ``refusal``), then with
-    it, and return the parity report of the saved .pte run in executorch.runtime."""
+def _refused_without(model, inputs, workaround, refusal):
+    """Export ``model`` without ``workaround`` (a name or a tuple of names): the export must fail matching ``refusal``."""
     with without_workarounds(*([workaround] if isinstance(workaround, str) else workaround)):
         with pytest.raises(ExportStageError, match=refusal):
             ExecutorchExporter().export(model, inputs)
+
+
+def _pte_parity(model, inputs, tmp_path, atol):
+    """Export ``model`` with every workaround and return the parity report of the saved .pte run in executorch.runtime."""
     exporter = ExecutorchExporter()
     path = exporter.save(exporter.export(model, inputs), tmp_path)
     (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=atol)
     return report
+
+
+def _refused_without_then_parity(model, inputs, workaround, refusal, tmp_path, atol):
+    """:func:`_refused_without`, then :func:`_pte_parity`'s report."""
+    _refused_without(model, inputs, workaround, refusal)
+    return _pte_parity(model, inputs, tmp_path, atol)
 
 
 class _SinkRowMax(torch.nn.Module):
@@ -519,16 +544,21 @@ def test_fix_max_dim_for_xnnpack(tmp_path):
     assert report.ok and report.max_abs_diff < 1e-6
 
 
-def test_patch_sdpa_output_copy(tmp_path):
-    """GPT-2 views SDPA's transposed output as (-1, hidden); the lowering re-traces SDPA with the CPU
-    flash kernel's layout, which that recorded view cannot take, unless the output is copied."""
+def _tiny_gpt2():
     import transformers
 
     config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=32)
     torch.manual_seed(0)
     model = transformers.GPT2Model(config).eval()
-    inputs = {"input_ids": torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))}
-    report = _refused_without_then_parity(model, inputs, "_patch_sdpa_output_copy", r"Cannot view a tensor with shape torch.Size\(\[2, 8, 32\]\)", tmp_path, atol=1e-4)
+    return model, {"input_ids": torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))}
+
+
+def test_patch_sdpa_output_copy(tmp_path):
+    """GPT-2 views SDPA's transposed output as (-1, hidden); the lowering re-traces SDPA with the CPU
+    flash kernel's layout, which that recorded view cannot take (the canary tier's
+    test_gpt2_attention_output_view_is_refused_without_the_copy), unless the output is copied."""
+    model, inputs = _tiny_gpt2()
+    report = _pte_parity(model, inputs, tmp_path, atol=1e-4)
     assert report.ok and report.max_abs_diff < 1e-5
 
 
@@ -853,16 +883,10 @@ def test_real_dft2_equals_the_real_part_of_fftn(shape):
 
 
 def test_fnet_fourier_mixing_exports_for_executorch(tmp_path):
-    """FNet mixes tokens with complex FFTs, which are not core ATen; the patch writes the real part
-    out as cosine and sine matrix products, and the .pte matches eager."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
-
-    model = build_model("FNetModel")
-    inputs = build_inputs(model)
-    report = _refused_without_then_parity(
-        model, inputs, "_patch_fnet_fourier_as_real_matmuls", re.escape("aten._fft_"), tmp_path, atol=1e-3,
-    )
+    """FNet mixes tokens with complex FFTs, which are not core ATen (the canary's REFUSED_WITHOUT); the
+    patch writes the real part out as cosine and sine matrix products, and the .pte matches eager."""
+    model = build("FNetModel")
+    report = _pte_parity(model, example_inputs(model), tmp_path, atol=1e-3)
     assert report.ok and report.max_abs_diff < 1e-4
 
 

@@ -20,6 +20,8 @@ from hf_exporters.errors import InputError, ManifestError
 from hf_exporters.generation import ExportedGenerator, build_parts, export_for_generation, read_manifest
 from hf_exporters.pipeline import make_config, make_exporter
 
+from config_models import build, example_inputs
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 NEW_TOKENS = 8
@@ -157,9 +159,7 @@ def qwen3_5():
     """Qwen3.5, text only: gated delta-net (linear attention) layers beside full attention, multimodal
     rotary positions. ``generate()`` drops an all-ones attention mask; the decode step exported from
     such a batch still applies the mask of a padded one, and takes the positions from it."""
-    from hf_exporters.sweep.job import build_model
-
-    model = build_model("Qwen3_5ForConditionalGeneration", use_cache=True)
+    model = build("Qwen3_5ForConditionalGeneration")
     model.generation_config.eos_token_id = None
     # exported from an unpadded batch (generate() then drops the all-ones mask), run on a padded one
     return _spread_weights(model), [_text_inputs(2, 6), _text_inputs(2, 9, pad_left=3, seed=1)]
@@ -503,11 +503,8 @@ def test_a_hybrid_cache_carries_recurrent_states_beside_keys_and_values(tmp_path
 def test_a_hybrid_cache_with_sliding_window_layers_is_refused_by_name():
     """A recurrent layer paired with sliding-window attention (Inkling2) is not carried yet: the error
     names the layer kind and the kinds that are."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
-
-    model = build_model("Inkling2ForCausalLM", use_cache=True)
-    inputs = {k: v for k, v in build_inputs(model).items() if k in ("input_ids", "attention_mask")}
+    model = build("Inkling2ForCausalLM")
+    inputs = {k: v for k, v in example_inputs(model).items() if k in ("input_ids", "attention_mask")}
     with pytest.raises(InputError, match=r"^Inkling2ForCausalLM: generate\(\)'s cache holds recurrent state beside layers of kind "
                        r"LinearAttentionAndSlidingWindowAttentionLayer; only DynamicLayer, LinearAttentionLayer, "
                        r"LinearAttentionAndFullAttentionLayer, DummyLayer layers are supported in a hybrid cache yet$"):

@@ -68,8 +68,10 @@ def test_case_onnx_parity(case_id: str, tmp_path: Any) -> None:
         assert len({str(s) for s in sizes}) > 1
 
 
+@pytest.mark.canary
 def test_h5_no_nan_in_fully_masked_row(tmp_path: Any) -> None:
-    """The padding row that masks every key comes out finite, as in eager (onnxscript#2561)."""
+    """The padding row that masks every key comes out finite, as in eager (onnxscript#2561). (The fast
+    tier's H5 case exports the same model and checks every output finite and within ATOL.)"""
     model, (inputs,), _ = h5_bert_masked_row()
     exporter = OnnxExporter()
     path = exporter.save(exporter.export(model, inputs, OnnxConfig()), tmp_path)
@@ -81,9 +83,12 @@ def test_h5_no_nan_in_fully_masked_row(tmp_path: Any) -> None:
     assert float((torch.as_tensor(hidden[1]) - eager[1]).abs().max()) <= ATOL
 
 
+@pytest.mark.canary
 def test_h6_swin_needs_view_as_reshape(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the FX node fix (re-run after decomposition by the Stage 2 hook), torch.onnx's
-    type-promotion pass fails on Swin's window attention view (pytorch/pytorch#141107)."""
+    type-promotion pass fails on Swin's window attention view (pytorch/pytorch#141107). The fast
+    tier has the fix on a tiny module (test_onnx_exporter.py: test_fix_view_as_reshape,
+    test_stage2_hook_runs_fixes_after_decomposition) and Swin's parity with it (H6)."""
     from hf_exporters import registry
     from hf_exporters.errors import ExportStageError
 

@@ -27,6 +27,7 @@ from hf_exporters.exporters import onnx as onnx_module  # noqa: E402
 from hf_exporters.exporters.onnx import OnnxExporter, newest_opset  # noqa: E402
 from hf_exporters.runtime import check_parity, resized_inputs  # noqa: E402
 from hf_exporters.shapes import StaticAxis  # noqa: E402
+from config_models import build, example_inputs  # noqa: E402
 from workaround_helpers import without_workarounds  # noqa: E402
 
 SOURCE = Path(onnx_module.__file__).read_text()
@@ -512,18 +513,35 @@ def test_varlen_vision_attention_runs_in_onnxruntime(tmp_path: Path) -> None:
     assert report.ok and report.max_abs_diff < 1e-4
 
 
+@pytest.mark.canary
+def test_sym_numel_is_refused_without_the_translation() -> None:
+    model = build("Qwen3VLVisionModel")
+    with without_workarounds("_aten_sym_numel"):
+        with pytest.raises(ExportStageError, match="No ONNX function found for <OpOverload\\(op='aten.sym_numel'"):
+            OnnxExporter().export(model, example_inputs(model))
+
+
+def test_sym_numel_translation_is_the_product_of_the_shape() -> None:
+    """torchlib has no translation of ``aten.sym_numel`` (the canary tier's
+    test_sym_numel_is_refused_without_the_translation); ours is registered for it and gives the
+    element count as a 0-d INT64: an empty axis gives 0, a 0-d tensor 1."""
+    from hf_exporters.workarounds.onnx.translations import _aten_sym_numel
+
+    assert registry.onnx_translation_table()[torch.ops.aten.sym_numel.default] is _aten_sym_numel
+    for shape, count in (((2, 3, 4), 24), ((5,), 5), ((3, 0, 2), 0), ((), 1)):
+        got = _aten_sym_numel(np.zeros(shape, dtype=np.float32)).value  # onnxscript's eager evaluation
+        assert got.shape == () and got.dtype == np.int64 and int(got) == count, shape
+
+
+@pytest.mark.canary
 def test_sym_numel_translation(tmp_path: Path) -> None:
     """The Qwen3-VL vision tower reshapes tensors whose length comes from ``repeat_interleave`` by
     grid sizes (position-embedding interpolation); the program keeps ``aten.sym_numel`` in its
-    runtime asserts, which only our translation lowers."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
-
-    model = build_model("Qwen3VLVisionModel")
-    inputs = build_inputs(model)
-    with without_workarounds("_aten_sym_numel"):
-        with pytest.raises(ExportStageError, match="No ONNX function found for <OpOverload\\(op='aten.sym_numel'"):
-            OnnxExporter().export(model, inputs)
+    runtime asserts, which only our translation lowers (without it, the canary tier's
+    test_sym_numel_is_refused_without_the_translation; the translation alone:
+    test_sym_numel_translation_is_the_product_of_the_shape)."""
+    model = build("Qwen3VLVisionModel")
+    inputs = example_inputs(model)
     exporter = OnnxExporter()
     program = exporter.export(model, inputs)
     (report,) = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs], atol=exporter.default_atol)
@@ -722,7 +740,7 @@ def test_optimizer_keeps_small_epsilons_and_drops_exact_no_ops(tmp_path: Path) -
 
 
 class _MimiConvStack(torch.nn.Module):
-    """Two of Mimi's padded Conv1d layers (strided, causal, then not) as the sweep's tiny Mimi has them."""
+    """Two of Mimi's padded Conv1d layers (strided, causal, then not) as the tiny Mimi of tests/configs/MimiModel.json has them."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -823,11 +841,8 @@ def test_multi_output_rewrite_does_not_walk_the_graph_per_node(monkeypatch):
 def test_selective_scan_exports_as_an_onnx_scan_with_a_dynamic_length(tmp_path: Path) -> None:
     """Mamba's selective scan, a scan op after the Dynamo patch, becomes an ONNX ``Scan`` whose length
     follows the input: onnxruntime matches eager at the export length and at a longer one."""
-    from hf_exporters.sweep.inputs import build_inputs
-    from hf_exporters.sweep.job import build_model
-
-    model = build_model("FalconMambaModel")
-    inputs = build_inputs(model)
+    model = build("FalconMambaModel")
+    inputs = example_inputs(model)
     exporter = OnnxExporter()
     result = exporter.run(model, inputs, OnnxConfig(dynamic=True))
     program = result.program
