@@ -17,6 +17,7 @@ from ..errors import InputError
 from ..pytree import register_model_pytrees
 from ..shapes import size_oblivious_sizes
 from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
+from ..workarounds.executorch.lowering_speed import check_pinned_internals
 from ._common import normalize_inputs, stage
 from .dynamo import DynamoExporter
 
@@ -102,6 +103,7 @@ class ExecutorchExporter(DynamoExporter):
 
             # ── Stage 3: ExecuTorch patches ──
             with stage(self.name, "Stage 3: ExecuTorch patches"):
+                check_pinned_internals(scope)
                 stack.enter_context(registry.apply_patches(scope, stage="Stage 3: ExecuTorch patches"))
 
             # ── Stage 4: FX program fixes ──
