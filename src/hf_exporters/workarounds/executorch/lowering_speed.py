@@ -89,6 +89,11 @@ def check_pinned_internals(scope: str) -> None:
             raise RuntimeError(f"ExecuTorch internal {owner_path!r} has moved ({error}); {workaround.name} cannot hook it") from error
         if not hasattr(owner, attribute):
             raise RuntimeError(f"ExecuTorch internal {workaround.target!r} has moved; {workaround.name} cannot hook it")
+    from executorch.exir.program import _program
+
+    for helper in ("_remove_invalid_ops_for_not_decompose", "_default_decomposition_table"):
+        if not hasattr(_program, helper):
+            raise RuntimeError(f"ExecuTorch internal 'executorch.exir.program._program.{helper}' has moved")
     if any(w.func.__name__ == "_patch_xnnpack_passes_skip_absent_operators" for w in pinned):
         _xnnpack_pipeline_is_known()
 
@@ -212,7 +217,8 @@ def _patch_xnnpack_passes_skip_absent_operators(original: Any) -> Any:
 
 
 def _left_to_decompose(program: torch.export.ExportedProgram, table: set[Any]) -> bool:
-    """Whether a call of ``program``'s graph (or of a control-flow branch) is an operator ``table`` decomposes."""
+    """Whether a call of ``program``'s graph (or of a control-flow branch) is an operator of ``table``, or a
+    higher-order operator or overload packet (kept conservative)."""
     from executorch.exir.graph_module import get_control_flow_submodules
 
     graphs = [program.graph_module] + [sub for _, sub, _ in get_control_flow_submodules(program.graph_module)]
@@ -243,9 +249,10 @@ def _patch_no_third_decomposition_when_nothing_is_left(original: Any) -> Any:
     default table less the operators the partitioner keeps, marks the kept operators the partitioner's
     check accepts (``_replace_aten_ops_with_transformed_ops``, which renames them into the
     ``EDGE_DO_NOT_DECOMP`` namespace), then decomposes the whole program again with the full table so
-    that kept operators the check refused are decomposed after all. When the check refused none (no
-    operator of the table is left), that third run re-traces the program and changes nothing: a third
-    of the lowering's decomposition time. The wrapper marks the program so that its next
+    that kept operators the check refused are decomposed after all. The two tables differ only in those
+    kept operators (every other operator of the table already went through the same decomposition), so
+    when none of them is left as an aten operator in the graph, that third run re-traces the program
+    and changes nothing: a third of the lowering's decomposition time. The wrapper marks the program so that its next
     ``run_decompositions`` call (that third one) returns the program itself; the kept operators are
     then restored in place as before.
     Models: every model lowered with ``--recipe xnnpack`` (BertModel, all-MiniLM-L6-v2, LlamaForCausalLM, ...).
@@ -258,7 +265,13 @@ def _patch_no_third_decomposition_when_nothing_is_left(original: Any) -> Any:
         from executorch.exir.program import _program
 
         preserved = original(name, program, partitioner)
-        if not _left_to_decompose(program, set(_program._default_decomposition_table().keys())):
+        # the third pass differs from the second only in decomposing the operators the partitioners
+        # keep: those of them the check refused are still aten operators in the graph
+        kept: set[Any] = set()
+        for each in (partitioner or {}).get(name) or []:
+            ops, _ = each.ops_to_not_decompose(program)
+            kept.update(_program._remove_invalid_ops_for_not_decompose(ops))
+        if not _left_to_decompose(program, kept & set(_program._default_decomposition_table().keys())):
 
             def decomposed_already(*args: Any, **kwargs: Any) -> Any:
                 del program.run_decompositions  # one call only: later calls decompose as usual
