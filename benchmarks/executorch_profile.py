@@ -105,6 +105,7 @@ class Recorder:
         self.all_pass_seconds: collections.Counter[str] = collections.Counter()
         self.all_pass_calls: collections.Counter[str] = collections.Counter()
         self.why: dict[str, str] = {}
+        self.edge_program: Any = None
         self._stack = contextlib.ExitStack()
 
     def _wrap(self, owner: Any, attribute: str, label: str, static: bool = False, after: Callable[..., None] | None = None) -> None:
@@ -139,7 +140,10 @@ class Recorder:
 
         self._wrap(exir, "to_edge_transform_and_lower", "to_edge_transform_and_lower")
         self._wrap(_program.EdgeProgramManager, "to_backend", "to_backend")
-        self._wrap(_program.EdgeProgramManager, "to_executorch", "to_executorch")
+        def keep_edge(elapsed: float, args: Any, result: Any) -> None:
+            self.edge_program = args[0].exported_program()  # the lowered edge graph, node names as partitioned
+
+        self._wrap(_program.EdgeProgramManager, "to_executorch", "to_executorch", after=keep_edge)
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
         self._wrap(XnnpackPartitioner, "partition", "partitioner (XnnpackPartitioner.partition)")
@@ -214,12 +218,13 @@ def xnnpack_targets() -> set[str]:
     return {config.target_name for config in ALL_PARTITIONER_CONFIGS}
 
 
-def boundaries(manager: Any, why: dict[str, str]) -> tuple[int, list[dict[str, Any]]]:
-    """Partition count and the operators run outside XNNPACK: op, count, reasons (from ``why``)."""
+def boundaries(program: Any, why: dict[str, str]) -> tuple[int, list[dict[str, Any]]]:
+    """Partition count and the operators run outside XNNPACK in the lowered edge ``program``: op, count,
+    reasons (from ``why``, keyed by node name)."""
     claimed = xnnpack_targets()
     partitions = 0
     ops: dict[str, dict[str, Any]] = {}
-    for node in manager.exported_program().graph.nodes:
+    for node in program.graph.nodes:
         if node.op != "call_function":
             continue
         name = getattr(node.target, "__name__", str(node.target))
@@ -253,7 +258,7 @@ def profile_one(name: str, model: torch.nn.Module, inputs: dict[str, Any], dynam
         size = len(manager.buffer)
         serialise = time.perf_counter() - serialise_start
         total = time.perf_counter() - start
-    partitions, outside = boundaries(manager, rec.why)
+    partitions, outside = boundaries(rec.edge_program, rec.why)
     lower = rec.seconds["to_edge_transform_and_lower"]
     backend = rec.seconds["to_backend"]
     preprocess = rec.seconds["XNNPACK preprocess"]
