@@ -1,8 +1,10 @@
-"""XNNPACK partitions of all-MiniLM-L6-v2 with and without the attention/LayerNorm decompositions, in one run.
+"""XNNPACK partitions with and without the partition workarounds, in one run.
 
-For each batch size, exports the embedded all-MiniLM-L6-v2 with ``ExecutorchExporter`` (XNNPACK, static
-shapes, sequence ``--seq``) twice: as the exporter does (with
-``_patch_xnnpack_attention_and_layer_norm_decompositions``) and with that workaround left out. Reports,
+For each batch size, exports the model (``--model``: the embedded all-MiniLM-L6-v2, or a Llama
+built from a config with random weights: ``llama-tiny``, 2 layers, or ``llama-100m``) with
+``ExecutorchExporter`` (XNNPACK, static shapes, sequence ``--seq``) twice: as the exporter does and
+with the model's partition workarounds left out (MiniLM: ``_patch_xnnpack_attention_and_layer_norm_decompositions``;
+Llama: ``_patch_xnnpack_decoder_decompositions`` and ``_fix_attention_on_repeated_heads_as_grouped``). Reports,
 for each: the number of XNNPACK partitions (``executorch_call_delegate`` calls), the operators left
 to portable kernels between them, the export time, XNNPACK ``preprocess`` calls and seconds, and the
 latency of ``forward`` in ``executorch.runtime`` against eager PyTorch (median of ``--runs`` rounds,
@@ -10,7 +12,7 @@ the three engines interleaved, order alternating each round), with parity on the
 
 Writes ``benchmarks/results/executorch_partitions.json`` and prints a Markdown table.
 
-Usage: ``python benchmarks/executorch_partitions.py [--batches 1,8] [--seq 128] [--runs 20]``
+Usage: ``python benchmarks/executorch_partitions.py [--model minilm] [--batches 1,8] [--seq 128] [--runs 20] [--out PATH]``
 """
 
 from __future__ import annotations
@@ -43,7 +45,14 @@ from hf_exporters.pipeline import SAMPLE_TEXTS, default_model_path, load_checkpo
 from hf_exporters.runtime import compare_leaves, eager_outputs  # noqa: E402
 from hf_exporters.runtime.et_runner import ExecutorchRunner  # noqa: E402
 
-WORKAROUND = "_patch_xnnpack_attention_and_layer_norm_decompositions"
+WORKAROUNDS = {
+    "minilm": ["_patch_xnnpack_attention_and_layer_norm_decompositions"],
+    "llama": ["_patch_xnnpack_decoder_decompositions", "_fix_attention_on_repeated_heads_as_grouped"],
+}
+LLAMA_CONFIGS = {
+    "llama-tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+    "llama-100m": dict(vocab_size=32000, hidden_size=640, intermediate_size=1792, num_hidden_layers=8, num_attention_heads=10, num_key_value_heads=5),
+}
 SENTENCES = SAMPLE_TEXTS + [
     "The quick brown fox jumps over the lazy dog.",
     "Latency is measured as the median of many runs.",
@@ -53,12 +62,13 @@ SENTENCES = SAMPLE_TEXTS + [
 
 
 @contextlib.contextmanager
-def without(name: str):
-    """The registry without the workaround ``name`` (restored after)."""
+def without(names: list[str]):
+    """The registry without the workarounds ``names`` (restored after)."""
     saved = registry._REGISTRY[:]
-    if name not in {w.func.__name__ for w in saved}:
-        raise LookupError(name)
-    registry._REGISTRY[:] = [w for w in saved if w.func.__name__ != name]
+    missing = set(names) - {w.func.__name__ for w in saved}
+    if missing:
+        raise LookupError(sorted(missing))
+    registry._REGISTRY[:] = [w for w in saved if w.func.__name__ not in names]
     try:
         yield
     finally:
@@ -86,10 +96,10 @@ def preprocess_timer(totals: dict):
         XnnpackBackend.preprocess = staticmethod(original)
 
 
-def export(model, inputs, with_workaround: bool) -> dict:
+def export(model, inputs, with_workaround: bool, workarounds: list[str]) -> dict:
     totals = collections.Counter()
     exporter = ExecutorchExporter()
-    context = contextlib.nullcontext() if with_workaround else without(WORKAROUND)
+    context = contextlib.nullcontext() if with_workaround else without(workarounds)
     with context, preprocess_timer(totals):
         start = time.perf_counter()
         manager = exporter.export(model, inputs, ExecutorchConfig(backend="xnnpack", dynamic=False))
@@ -117,6 +127,7 @@ def export(model, inputs, with_workaround: bool) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="minilm", choices=["minilm", *LLAMA_CONFIGS])
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--runs", type=int, default=20)
@@ -124,12 +135,25 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "executorch_partitions.json")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    model, tokenizer, _ = load_checkpoint(default_model_path())
+    if args.model == "minilm":
+        model, tokenizer, _ = load_checkpoint(default_model_path())
+        workarounds = WORKAROUNDS["minilm"]
+    else:
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA_CONFIGS[args.model])).eval()
+        workarounds = WORKAROUNDS["llama"]
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+
+    sdpa.get_graphs(), bilinear_2d.get_graphs()  # built once per process by the first preprocess: not in either export's time
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
-        texts = [SENTENCES[i % len(SENTENCES)] for i in range(batch)]
-        inputs = dict(tokenizer(texts, padding="max_length", truncation=True, max_length=args.seq, return_tensors="pt"))
-        variants = {"with the workaround": export(model, inputs, True), "without": export(model, inputs, False)}
+        if args.model == "minilm":
+            texts = [SENTENCES[i % len(SENTENCES)] for i in range(batch)]
+            inputs = dict(tokenizer(texts, padding="max_length", truncation=True, max_length=args.seq, return_tensors="pt"))
+        else:
+            ids = torch.randint(0, LLAMA_CONFIGS[args.model]["vocab_size"], (batch, args.seq), generator=torch.Generator().manual_seed(batch))
+            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        variants = {"with the workaround": export(model, inputs, True, workarounds), "without": export(model, inputs, False, workarounds)}
         engines = {f".pte {name}": (lambda r=v["runner"]: r(inputs)) for name, v in variants.items()}
         engines["eager PyTorch"] = lambda: model(**inputs)
         samples = interleaved_ms(engines, args.runs, args.warmup)
@@ -138,6 +162,7 @@ def main() -> int:
             median = statistics.median(samples[f".pte {name}"])
             diff = max(d.max_abs_diff for d in compare_leaves(eager_outputs(model, inputs), variant["runner"](inputs), atol=1e-3))
             row = {
+                "model": args.model,
                 "batch": batch,
                 "seq": args.seq,
                 "variant": name,
@@ -158,6 +183,8 @@ def main() -> int:
             "torch": torch.__version__,
             "executorch": __import__("importlib.metadata").metadata.version("executorch"),
             "runs": args.runs,
+            "model": args.model,
+            "workarounds_left_out_in_without": workarounds,
         },
         "rows": rows,
     }

@@ -19,6 +19,7 @@ from ..pytree import register_model_pytrees
 from ..runtime.et_runner import INPUT_MUTATIONS_METHOD
 from ..shapes import size_oblivious_sizes
 from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
+from ..workarounds.executorch.lowering_speed import check_pinned_internals
 from ._common import normalize_inputs, stage
 from .dynamo import DynamoExporter
 from .result import ExportResult, trace_stage_seconds
@@ -120,6 +121,7 @@ class ExecutorchExporter(DynamoExporter):
 
             # ── Stage 3: ExecuTorch patches ──
             with stage(self.name, "Stage 3: ExecuTorch patches", seconds):
+                check_pinned_internals(scope)
                 stack.enter_context(registry.apply_patches(scope, stage="Stage 3: ExecuTorch patches"))
 
             # ── Stage 4: FX program fixes ──

@@ -7,6 +7,7 @@ Each workaround declares its stage where it is registered; the modules:
 - ``complex_numbers``: Stage 2, model code computing in complex numbers (rotary tables, FNet's FFT).
 - ``moe``: Stage 2, transformers' experts implementations ExecuTorch cannot run.
 - ``executorch_patches``: Stage 3, ExecuTorch internals that break on valid dynamic-shape graphs.
+- ``lowering_speed``: Stage 3, lowering steps skipped where they would find nothing to do (pinned to executorch 1.4).
 - ``xnnpack_partitions``: Stage 3, decompositions that keep attention and LayerNorm inside XNNPACK partitions.
 - ``fx_program_fixes``: Stage 4, repairs of the whole traced program.
 - ``fx_node_fixes``: Stage 5, single-node rewrites.
@@ -18,5 +19,6 @@ from . import executorch_patches as _executorch_patches  # noqa: F401
 from . import fx_node_fixes as _fx_node_fixes  # noqa: F401
 from . import fx_program_fixes as _fx_program_fixes  # noqa: F401
 from . import moe as _moe  # noqa: F401
+from . import lowering_speed as _lowering_speed  # noqa: F401
 from . import torch_patches as _torch_patches  # noqa: F401
 from . import xnnpack_partitions as _xnnpack_partitions  # noqa: F401

@@ -14,6 +14,58 @@ import torch
 
 from ...registry import register_fx_node_fix
 from .._data_checks import _fix_drop_tensor_data_checks
+from .xnnpack_partitions import attention_is_rewritten
+
+
+def _repeated_heads(node: object) -> tuple[torch.fx.Node, int] | None:
+    """``(source, repeats)`` when ``node`` is ``source.repeat_interleave(repeats, dim=1)`` of a 4-D tensor."""
+    if not isinstance(node, torch.fx.Node) or node.target is not torch.ops.aten.repeat_interleave.self_int:
+        return None
+    source, repeats = node.args[0], node.args[1]
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+    value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.dim() != 4 or dim is None or dim % 4 != 1 or not isinstance(repeats, int):
+        return None
+    return source, repeats
+
+
+@register_fx_node_fix("executorch.xnnpack")
+def _fix_attention_on_repeated_heads_as_grouped(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Give ``scaled_dot_product_attention`` over key/value heads repeated with ``repeat_interleave`` the
+    unrepeated key and value and ``enable_gqa=True``, where the XNNPACK attention decomposition takes it.
+
+    Pattern: grouped-query attention written as ``repeat_kv`` (``key.repeat_interleave(n, dim=1)``, traced
+    so from transformers' ``repeat_kv``) before SDPA. The repeat decomposes into ``unsqueeze``, ``expand``
+    and ``view``; XNNPACK has no ``expand_copy``, so every attention layer ended an XNNPACK partition with a
+    copy of its keys and values between the partitions. With ``enable_gqa`` the XNNPACK attention
+    decomposition (``attention_for_xnnpack``) multiplies each key/value head with its group of query
+    heads in one ``bmm``, without repeating them. Only calls that decomposition rewrites (static float32,
+    boolean or no mask) are changed; the values are the same.
+    Models: LlamaForCausalLM and other grouped-query decoders (Mistral, Qwen2, Gemma, ...) with
+        ``num_key_value_heads < num_attention_heads``, static shapes.
+    Upstream: pytorch/executorch backends/xnnpack/partition/config/generic_node_configs.py (no
+        ``expand_copy`` config); torch/_decomp ``_scaled_dot_product_attention_math`` repeats heads with
+        ``repeat_interleave`` for ``enable_gqa`` too
+    Remove when: XNNPACK claims ``expand_copy`` or lowers grouped-query SDPA itself.
+    """
+    if node.target is not torch.ops.aten.scaled_dot_product_attention.default or node.kwargs.get("enable_gqa"):
+        return False
+    if len(node.args) < 3:
+        return False
+    key, value = _repeated_heads(node.args[1]), _repeated_heads(node.args[2])
+    if key is None or value is None or key[1] != value[1] or key[1] < 2:
+        return False
+    mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+    dropout = node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0)
+    causal = node.args[5] if len(node.args) > 5 else node.kwargs.get("is_causal", False)
+    values = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in (node.args[0], key[0], value[0], mask)]
+    if not all(isinstance(v, torch.Tensor) for v in values[:3]) or (mask is not None and not isinstance(values[3], torch.Tensor)):
+        return False
+    if not attention_is_rewritten(*values, dropout, causal, True):
+        return False
+    node.args = (node.args[0], key[0], value[0], *node.args[3:])
+    node.kwargs = {**node.kwargs, "enable_gqa": True}
+    return True
 
 
 @register_fx_node_fix("executorch.xnnpack")
