@@ -87,6 +87,14 @@ def export(
     allow_random_weights: bool = typer.Option(
         False, "--allow-random-weights", help="Export even when the checkpoint lacks weights transformers then initialises at random (a head)."
     ),
+    opset: Optional[int] = typer.Option(
+        None, "--opset", help="onnx: the ONNX opset (18 to the newest supported); default: the newest, 22 with --optimize ort-cpu."
+    ),
+    optimize: Optional[str] = typer.Option(
+        None,
+        "--optimize",
+        help="onnx: none | default (the onnxscript optimizer) | ort-cpu (also onnxruntime's fused attention, skip layer norm, GELU).",
+    ),
 ) -> None:
     """Export a checkpoint with one backend, check it against eager PyTorch, and write the folder.
 
@@ -94,11 +102,20 @@ def export(
     130 / 143 interrupted by SIGINT / SIGTERM (nothing written).
     """
     from . import interrupts
+    from .errors import InputError
+    from .exporters.onnx_optimize import OPTIMIZE_LEVELS, check_opset
 
+    if optimize is not None and optimize not in OPTIMIZE_LEVELS:
+        raise typer.BadParameter(f"{optimize!r} is not one of {', '.join(OPTIMIZE_LEVELS)}", param_hint="'--optimize'")
+    if opset is not None and backend == "onnx":
+        try:
+            check_opset(opset)
+        except InputError as error:
+            raise typer.BadParameter(str(error), param_hint="'--opset'") from error
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         with interrupts.handled():
-            _export(model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights)
+            _export(model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights, opset, optimize)
     except interrupts.Interrupted as stop:
         _fail(f"{stop}; nothing was written to {output}", stop.exit_code)
 
@@ -116,6 +133,8 @@ def _export(
     aoti: bool,
     max_seq_len: Optional[int],
     allow_random_weights: bool,
+    opset: Optional[int] = None,
+    optimize: Optional[str] = None,
 ) -> None:
     from .errors import HfExportersError, InputError
     from .pipeline import build_inputs, check_output_folder, default_model_path, export_to_folder, load_checkpoint, make_exporter
@@ -134,7 +153,7 @@ def _export(
             # generation exports are always dynamic: prefill and decode graphs serve every length
             manifest = export_generation_folder(
                 path, backend, output, recipe=recipe, validate=validate, overwrite=overwrite, aoti=aoti,
-                allow_random_weights=allow_random_weights, max_seq_len=max_seq_len,
+                allow_random_weights=allow_random_weights, max_seq_len=max_seq_len, opset=opset, optimize=optimize,
             )
             parts = ", ".join(f"{name} ({part['file']})" for name, part in manifest["parts"].items())
             typer.echo(f"exported {manifest['model_class']} for generation with {backend} to {output}: {parts}")
@@ -155,6 +174,8 @@ def _export(
             overwrite=overwrite,
             aoti=aoti,
             max_seq_len=max_seq_len,
+            opset=opset,
+            optimize=optimize,
         )
     except HfExportersError as error:
         _fail(str(error))

@@ -80,14 +80,34 @@ def make_exporter(backend: str) -> Any:
     return getattr(importlib.import_module(module), name)()
 
 
-def make_config(exporter: Any, dynamic: bool, recipe: str | None, max_seq_len: int | None = None) -> Any:
+def make_config(
+    exporter: Any,
+    dynamic: bool,
+    recipe: str | None,
+    max_seq_len: int | None = None,
+    *,
+    opset: int | None = None,
+    optimize: str | None = None,
+) -> Any:
     """The exporter's config with ``dynamic`` (and, for ExecuTorch, the backend ``recipe`` and the
-    ``max_seq_len`` bound of dynamic axes) set.
+    ``max_seq_len`` bound of dynamic axes; for ONNX the ``opset`` and the ``optimize`` level) set.
 
     Raises:
-        InputError: ``recipe`` or ``max_seq_len`` for another backend than executorch; ``max_seq_len`` < 2.
+        InputError: ``recipe`` or ``max_seq_len`` for another backend than executorch; ``max_seq_len`` < 2;
+            ``opset`` or ``optimize`` for another backend than onnx; an unknown level; ``opset``
+            outside 18 to the newest onnx and onnxscript support.
     """
     config = exporter.config_class(dynamic=dynamic)
+    if opset is not None or optimize is not None:
+        if not hasattr(config, "opset_version"):
+            option = "--opset" if opset is not None else "--optimize"
+            raise InputError(f"{option} applies to the onnx backend only, not {exporter.name!r}")
+        from .exporters.onnx_optimize import check_opset, optimize_level
+
+        if optimize is not None:
+            config.optimize = optimize_level(optimize)
+        if opset is not None:
+            config.opset_version = check_opset(opset)
     if recipe is not None:
         if not hasattr(config, "backend"):
             raise InputError(f"--recipe applies to the executorch backend only, not {exporter.name!r}")
@@ -254,8 +274,13 @@ def export_to_folder(
     overwrite: bool = False,
     aoti: bool = False,
     max_seq_len: int | None = None,
+    opset: int | None = None,
+    optimize: str | None = None,
 ) -> dict[str, Any]:
     """Export ``model`` with ``backend`` into the folder ``output`` and return the manifest written there.
+
+    ``opset`` and ``optimize`` (onnx only) set ``OnnxConfig.opset_version`` and ``OnnxConfig.optimize``;
+    the manifest records the opset, level and fusions applied under ``"onnx"``.
 
     With ``validate``, the saved artifact is run in its runtime on ``inputs`` and, when dynamic, on a
     second input set of other sizes; a difference beyond ``atol`` (default: the backend's) fails.
@@ -275,7 +300,7 @@ def export_to_folder(
     exporter = make_exporter(backend)
     if aoti and backend != "dynamo":
         raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
-    config = make_config(exporter, dynamic, recipe, max_seq_len)
+    config = make_config(exporter, dynamic, recipe, max_seq_len, opset=opset, optimize=optimize)
     tolerance = exporter.default_atol if atol is None else atol
 
     manifest: dict[str, Any] = {}
@@ -334,6 +359,7 @@ def export_to_folder(
                 "atol": tolerance,
                 "parity": parity,
                 **aoti_entry,
+                **(exporter.manifest_entries() if hasattr(exporter, "manifest_entries") else {}),
             }
         )
     return manifest

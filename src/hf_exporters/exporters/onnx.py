@@ -20,6 +20,7 @@ from ..pytree import register_model_pytrees
 from ..shapes import output_names
 from ._common import blamed_line, first_line, normalize_inputs, stage
 from .dynamo import DynamoExporter
+from .onnx_optimize import default_opset, fuse_for_onnxruntime, newest_opset, optimize_level
 
 logger = logging.getLogger("hf_exporters")
 
@@ -32,14 +33,6 @@ DECOMPOSITION_HOOK = "torch.onnx._internal.exporter._fx_passes.decompose_with_re
 def _require_onnx_stack() -> None:
     for module in ("onnx", "onnxscript", "onnx_ir", "onnxruntime"):
         require(module, "The ONNX exporter")
-
-
-def newest_opset() -> int:
-    """The newest default-domain opset both onnxscript's version converter and ``onnx`` support."""
-    import onnx
-    from onnxscript.version_converter import _version_converter
-
-    return min(_version_converter.SUPPORTED_MAX_ONNX_OPSET, onnx.defs.onnx_opset_version())
 
 
 def _check_onnx_internals() -> None:
@@ -81,6 +74,8 @@ class OnnxExporter(DynamoExporter):
     3. FX node fixes: ``apply_fx_node_fixes("onnx", ...)`` on the traced graph.
     4. ONNX translations: the custom translation table (aten op -> onnxscript function).
     5. ONNX IR fixes: rewrites of the finished model, main graph and every function.
+    6. ONNX Runtime fusions: at ``optimize="ort-cpu"``, onnxscript's onnxruntime fusions
+       (:mod:`hf_exporters.exporters.onnx_optimize`).
 
     Example::
 
@@ -98,6 +93,11 @@ class OnnxExporter(DynamoExporter):
         self.config: OnnxConfig | None = None
         #: whether the onnxscript optimizer ran in the last export
         self.optimized: bool = False
+        #: the optimisation level (``none``, ``default``, ``ort-cpu``) and opset of the last export
+        self.optimize_level: str = "default"
+        self.opset: int | None = None
+        #: onnxruntime fusions applied in Stage 6 (fusion name -> count)
+        self.fusions: dict[str, int] = {}
         #: nodes rewritten by the FX node fixes (traced graph + decomposed graph) and the IR fixes
         self.fx_fixes_applied: int = 0
         self.ir_fixes_applied: int = 0
@@ -112,6 +112,7 @@ class OnnxExporter(DynamoExporter):
 
         Raises:
             MissingDependencyError: onnx, onnxscript, onnx-ir or onnxruntime is not installed.
+            InputError: ``config.optimize`` names no optimisation level.
             ExportStageError: a stage, the trace or the lowering failed.
         """
         _require_onnx_stack()
@@ -119,12 +120,15 @@ class OnnxExporter(DynamoExporter):
         self.config = config
         inputs = normalize_inputs(inputs)
         model_class = type(model).__name__
-        optimize = config.optimize
-        if optimize and model_class in ONNX_DISABLE_OPTIMIZE:
-            optimize = False
+        level = optimize_level(config.optimize)
+        if level != "none" and model_class in ONNX_DISABLE_OPTIMIZE:
+            level = "none"
             logger.warning("%s: onnxscript optimizer turned off: %s", model_class, ONNX_DISABLE_OPTIMIZE[model_class])
-        self.optimized = optimize
-        opset = config.opset_version if config.opset_version is not None else newest_opset()
+        self.optimize_level = level
+        self.optimized = optimize = level != "none"
+        opset = config.opset_version if config.opset_version is not None else default_opset(level, newest_opset())
+        self.opset = opset
+        self.fusions = {}
 
         with registry.export_lock(), contextlib.ExitStack() as stack:
             # ── Stage 1: Torch patches ──
@@ -173,10 +177,20 @@ class OnnxExporter(DynamoExporter):
             name_graph_outputs(program.model, output_names(exported))
             drop_size_outputs(program.model, exported)
 
+        # ── Stage 6: ONNX Runtime fusions ──
+        with stage(self.name, "Stage 6: ONNX Runtime fusions"):
+            if level == "ort-cpu":
+                self.fusions = fuse_for_onnxruntime(program.model)
+
         if config.output_path:
             with stage(self.name, "save"):
                 program.save(str(config.output_path), external_data=config.external_data)
         return program
+
+    def manifest_entries(self) -> dict[str, Any]:
+        """What ``export.json`` records of the last export under ``"onnx"``: opset, optimisation level,
+        the onnxruntime fusions applied and the number of nodes the IR fixes changed."""
+        return {"onnx": {"opset": self.opset, "optimize": self.optimize_level, "fusions": dict(self.fusions), "ir_fixes_applied": self.ir_fixes_applied}}
 
     # ── Save and run ──────────────────────────────────────────────────────────
 
