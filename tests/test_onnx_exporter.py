@@ -101,7 +101,7 @@ def test_default_opset_is_newest_supported() -> None:
     assert program.model.opset_imports[""] == newest_opset() >= 23
 
 
-def test_five_stage_blocks_in_order() -> None:
+def test_stage_blocks_in_order() -> None:
     titles = re.findall(r"^\s*# ── (Stage \d): ([^─]+?) ──$", SOURCE, flags=re.MULTILINE)
     assert titles == [
         ("Stage 1", "Torch patches"),
@@ -109,6 +109,7 @@ def test_five_stage_blocks_in_order() -> None:
         ("Stage 3", "FX node fixes"),
         ("Stage 4", "ONNX translations"),
         ("Stage 5", "ONNX IR fixes"),
+        ("Stage 6", "ONNX Runtime fusions"),
     ]
     for number, title in titles:
         assert f'stage(self.name, "{number}: {title}")' in SOURCE
