@@ -110,6 +110,7 @@ def test_stage_blocks_in_order() -> None:
         ("Stage 4", "ONNX translations"),
         ("Stage 5", "ONNX IR fixes"),
         ("Stage 6", "ONNX Runtime fusions"),
+        ("Stage 7", "Quantization"),
     ]
     for number, title in titles:
         assert f'stage(self.name, "{number}: {title}")' in SOURCE

@@ -95,6 +95,11 @@ def export(
         "--optimize",
         help="onnx: none | default (the onnxscript optimizer) | ort-cpu (also onnxruntime's fused attention, skip layer norm, GELU).",
     ),
+    quantize: Optional[str] = typer.Option(
+        None,
+        "--quantize",
+        help="onnx: int8-dynamic | int8-static (onnxruntime's quantizer; checked by sentence-embedding accuracy, needs a tokenizer).",
+    ),
 ) -> None:
     """Export a checkpoint with one backend, check it against eager PyTorch, and write the folder.
 
@@ -104,9 +109,12 @@ def export(
     from . import interrupts
     from .errors import InputError
     from .exporters.onnx_optimize import OPTIMIZE_LEVELS, check_opset
+    from .exporters.onnx_quantize import QUANTIZE_MODES
 
     if optimize is not None and optimize not in OPTIMIZE_LEVELS:
         raise typer.BadParameter(f"{optimize!r} is not one of {', '.join(OPTIMIZE_LEVELS)}", param_hint="'--optimize'")
+    if quantize is not None and quantize not in QUANTIZE_MODES:
+        raise typer.BadParameter(f"{quantize!r} is not one of {', '.join(QUANTIZE_MODES)}", param_hint="'--quantize'")
     if opset is not None and backend == "onnx":
         try:
             check_opset(opset)
@@ -115,7 +123,7 @@ def export(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         with interrupts.handled():
-            _export(model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights, opset, optimize)
+            _export(model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights, opset, optimize, quantize)
     except interrupts.Interrupted as stop:
         _fail(f"{stop}; nothing was written to {output}", stop.exit_code)
 
@@ -135,6 +143,7 @@ def _export(
     allow_random_weights: bool,
     opset: Optional[int] = None,
     optimize: Optional[str] = None,
+    quantize: Optional[str] = None,
 ) -> None:
     from .errors import HfExportersError, InputError
     from .pipeline import build_inputs, check_output_folder, default_model_path, export_to_folder, load_checkpoint, make_exporter
@@ -149,6 +158,9 @@ def _export(
             raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
         if task in ("text-generation", "text2text-generation"):
             from .generation import export_generation_folder
+
+            if quantize is not None:
+                raise InputError(f"--quantize is not supported for {task} exports yet: their accuracy check (next-token agreement) is not written")
 
             # generation exports are always dynamic: prefill and decode graphs serve every length
             manifest = export_generation_folder(
@@ -176,11 +188,20 @@ def _export(
             max_seq_len=max_seq_len,
             opset=opset,
             optimize=optimize,
+            quantize=quantize,
         )
     except HfExportersError as error:
         _fail(str(error))
         return
     worst = max((p["max_abs_diff"] for p in manifest["parity"]), default=None)
+    if "accuracy" in manifest:
+        accuracy = manifest["accuracy"]
+        typer.echo(
+            f"exported {manifest['model_class']} ({task_name}) with {backend}, {quantize}, to {output / manifest['artifact']} "
+            f"in {manifest['export_seconds']:.1f} s; sentence embeddings vs eager float32 over {accuracy['sentences']} sentences: "
+            f"min cosine {accuracy['min_cosine']:.4f}, mean {accuracy['mean_cosine']:.4f}, nearest-neighbour agreement {accuracy['neighbour_agreement']:.2f}"
+        )
+        return
     typer.echo(
         f"exported {manifest['model_class']} ({task_name}) with {backend} to {output / manifest['artifact']} "
         f"in {manifest['export_seconds']:.1f} s"

@@ -41,12 +41,17 @@ class OnnxConfig(DynamoConfig):
             onnxruntime's ``com.microsoft`` ops. False is ``"none"``. The optimizer is turned off
             automatically for the model classes in ``ONNX_DISABLE_OPTIMIZE``.
         output_path: when set, the ONNX model is saved there after export.
+        quantize: ``"int8-dynamic"`` or ``"int8-static"`` (onnxruntime's quantizer, after the
+            fusions; ``hf_exporters.exporters.onnx_quantize``), None for float.
+        calibration_inputs: the input sets ``int8-static`` calibrates on; None: the export's example inputs.
     """
 
     opset_version: int | None = None
     external_data: bool = True
     optimize: bool | str = True
     output_path: str | None = None
+    quantize: str | None = None
+    calibration_inputs: list[dict[str, Any]] | None = None
 
 
 @dataclasses.dataclass

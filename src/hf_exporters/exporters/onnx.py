@@ -21,6 +21,7 @@ from ..shapes import output_names
 from ._common import blamed_line, first_line, normalize_inputs, stage
 from .dynamo import DynamoExporter
 from .onnx_optimize import default_opset, fuse_for_onnxruntime, newest_opset, optimize_level
+from .onnx_quantize import check_quantize, quantize_model
 
 logger = logging.getLogger("hf_exporters")
 
@@ -76,6 +77,8 @@ class OnnxExporter(DynamoExporter):
     5. ONNX IR fixes: rewrites of the finished model, main graph and every function.
     6. ONNX Runtime fusions: at ``optimize="ort-cpu"``, onnxscript's onnxruntime fusions
        (:mod:`hf_exporters.exporters.onnx_optimize`).
+    7. Quantization: with ``config.quantize``, onnxruntime's int8 quantizer
+       (:mod:`hf_exporters.exporters.onnx_quantize`).
 
     Example::
 
@@ -112,7 +115,7 @@ class OnnxExporter(DynamoExporter):
 
         Raises:
             MissingDependencyError: onnx, onnxscript, onnx-ir or onnxruntime is not installed.
-            InputError: ``config.optimize`` names no optimisation level.
+            InputError: ``config.optimize`` names no optimisation level, ``config.quantize`` no mode.
             ExportStageError: a stage, the trace or the lowering failed.
         """
         _require_onnx_stack()
@@ -121,6 +124,7 @@ class OnnxExporter(DynamoExporter):
         inputs = normalize_inputs(inputs)
         model_class = type(model).__name__
         level = optimize_level(config.optimize)
+        check_quantize(config.quantize)
         if level != "none" and model_class in ONNX_DISABLE_OPTIMIZE:
             level = "none"
             logger.warning("%s: onnxscript optimizer turned off: %s", model_class, ONNX_DISABLE_OPTIMIZE[model_class])
@@ -182,6 +186,11 @@ class OnnxExporter(DynamoExporter):
             if level == "ort-cpu":
                 self.fusions = fuse_for_onnxruntime(program.model)
 
+        # ── Stage 7: Quantization ──
+        with stage(self.name, "Stage 7: Quantization"):
+            if config.quantize:
+                program.model = quantize_model(program.model, config.quantize, config.calibration_inputs or [inputs])
+
         if config.output_path:
             with stage(self.name, "save"):
                 program.save(str(config.output_path), external_data=config.external_data)
@@ -190,7 +199,9 @@ class OnnxExporter(DynamoExporter):
     def manifest_entries(self) -> dict[str, Any]:
         """What ``export.json`` records of the last export under ``"onnx"``: opset, optimisation level,
         the onnxruntime fusions applied and the number of nodes the IR fixes changed."""
-        return {"onnx": {"opset": self.opset, "optimize": self.optimize_level, "fusions": dict(self.fusions), "ir_fixes_applied": self.ir_fixes_applied}}
+        quantize = self.config.quantize if self.config is not None else None
+        entry = {"opset": self.opset, "optimize": self.optimize_level, "fusions": dict(self.fusions), "ir_fixes_applied": self.ir_fixes_applied}
+        return {"onnx": entry | {"quantize": quantize}}
 
     # ── Save and run ──────────────────────────────────────────────────────────
 
