@@ -18,7 +18,9 @@ Variants (``--variants`` picks some by name):
 - ``default-N``: the onnxscript optimizer at opset N;
 - ``none-N``: no optimizer;
 - ``ort-cpu-N``: onnxscript's onnxruntime fusions (com.microsoft Attention, SkipLayerNormalization,
-  BiasGelu).
+  BiasGelu);
+- ``...-int8-dynamic`` / ``...-int8-static``: that export quantized by onnxruntime's quantizer (its
+  accuracy: sentence-embedding cosine and nearest-neighbour agreement against eager, ``accuracy``).
 
 optimum-onnx is not measured here: it does not install beside the project's pins (it needs
 transformers < 4.58, the project pins 5.x); ``benchmarks/onnx_latency.py`` measures it from its own
@@ -69,17 +71,20 @@ HERE = Path(__file__).resolve().parent
 THREADS = 2
 REFERENCE = "default-25"
 
-#: name -> (opset, optimize level, workarounds left out)
-VARIANTS: dict[str, tuple[int, str, tuple[str, ...]]] = {
-    "default-18-guard": (18, "default", ("_fix_ir_dead_softmax_nan_guard",)),
-    "default-18": (18, "default", ()),
-    "default-20": (20, "default", ()),
-    "default-22": (22, "default", ()),
-    "default-23": (23, "default", ()),
-    "default-25": (25, "default", ()),
-    "none-25": (25, "none", ()),
-    "ort-cpu-18": (18, "ort-cpu", ()),
-    "ort-cpu-22": (22, "ort-cpu", ()),
+#: name -> (opset, optimize level, quantization, workarounds left out)
+VARIANTS: dict[str, tuple[int, str, str | None, tuple[str, ...]]] = {
+    "default-18-guard": (18, "default", None, ("_fix_ir_dead_softmax_nan_guard",)),
+    "default-18": (18, "default", None, ()),
+    "default-20": (20, "default", None, ()),
+    "default-22": (22, "default", None, ()),
+    "default-23": (23, "default", None, ()),
+    "default-25": (25, "default", None, ()),
+    "none-25": (25, "none", None, ()),
+    "ort-cpu-18": (18, "ort-cpu", None, ()),
+    "ort-cpu-22": (22, "ort-cpu", None, ()),
+    "default-25-int8-dynamic": (25, "default", "int8-dynamic", ()),
+    "ort-cpu-22-int8-dynamic": (22, "ort-cpu", "int8-dynamic", ()),
+    "ort-cpu-22-int8-static": (22, "ort-cpu", "int8-static", ()),
 }
 
 #: real sentences of varied length; padded or truncated to ``--seq`` tokens
@@ -171,21 +176,23 @@ def main() -> int:
     try:
         example = build_inputs(model, tokenizer)
         for name in names:
-            opset, level, left_out = VARIANTS[name]
+            opset, level, quantize, left_out = VARIANTS[name]
             print(f"exporting {name} ...", flush=True)
             with without(left_out):
                 manifest = export_to_folder(
                     model, example, "onnx", workdir / name, dynamic=True, preprocessor=tokenizer, task="feature-extraction",
-                    overwrite=True, opset=opset, optimize=level,
+                    overwrite=True, opset=opset, optimize=level, quantize=quantize,
                 )  # fmt: skip
             path = workdir / name / manifest["artifact"]
             exports[name] = {
                 "opset": opset,
                 "optimize": level,
+                "quantize": quantize,
                 "workarounds_left_out": list(left_out),
                 "bytes": folder_bytes(workdir / name),
                 "export_seconds": manifest["export_seconds"],
-                "parity_max_abs_diff": max(p["max_abs_diff"] for p in manifest["parity"]),
+                "parity_max_abs_diff": max((p["max_abs_diff"] for p in manifest["parity"]), default=None),
+                "accuracy": manifest.get("accuracy"),
                 "fusions": manifest["onnx"]["fusions"],
                 "ops": op_counts(path),
                 "path": path,
@@ -271,10 +278,12 @@ def main() -> int:
             f"| {r['batch']} | {r['engine']} | {r['median_ms']:.2f} | {r[ratio_key]:.3f} | {r['ratio_p10_p90'][0]:.2f}-{r['ratio_p10_p90'][1]:.2f} "
             f"| {r['cpu_median_ms']:.1f} | {r['cpu_' + ratio_key]:.3f} | {diff} |"
         )
-    print("\n| export | opset | level | MB on disk | fusions |\n|---|---|---|---|---|")
+    print("\n| export | opset | level | int8 | MB on disk | min / mean cosine, NN agreement | fusions |\n|---|---|---|---|---|---|---|")
     for name, info in exports.items():
         fusions = ", ".join(f"{k} {v}" for k, v in info["fusions"].items()) or "-"
-        print(f"| {name} | {info['opset']} | {info['optimize']} | {info['bytes'] / 1e6:.1f} | {fusions} |")
+        acc = info["accuracy"]
+        measured = f"{acc['min_cosine']:.4f} / {acc['mean_cosine']:.4f}, {acc['neighbour_agreement']:.2f}" if acc else "-"
+        print(f"| {name} | {info['opset']} | {info['optimize']} | {info['quantize'] or '-'} | {info['bytes'] / 1e6:.1f} | {measured} | {fusions} |")
     return 0
 
 

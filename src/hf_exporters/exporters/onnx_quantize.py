@@ -11,6 +11,9 @@ Two modes (``OnnxConfig.quantize``, ``hf-exporters export --quantize``):
   channel, activations uint8 with ranges calibrated (min/max) on ``calibration`` inputs: tokenizer
   encodings of real sentences when the pipeline has a tokenizer
   (:data:`hf_exporters.runtime.embedding_accuracy.SENTENCES`), else the export's example inputs.
+  A ``MatMul`` that takes a GELU's output (the feed-forward down projection) stays float: its input's
+  long tail makes one min/max range too coarse (all-MiniLM-L6-v2: mean cosine 0.94 with it
+  quantized, 0.991 without).
 
 The ONNX-domain ``Attention`` op (opset 23 on) is left in float: onnxruntime 1.32's quantizer takes
 every node named ``Attention`` for its own ``com.microsoft`` one and writes a ``QAttention`` that
@@ -67,6 +70,8 @@ def quantize_model(model: Any, mode: str, calibration: Iterable[Mapping[str, Any
                 proto, output, weight_type=quantization.QuantType.QInt8, per_channel=True, nodes_to_exclude=standard_attention
             )
         else:
+            gelu = {n.output[0] for n in proto.graph.node if n.op_type in _GELU_OPS}
+            after_gelu = [n.name for n in proto.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[0] in gelu]
             feeds = [_numpy_feeds(inputs, [v.name for v in model.graph.inputs]) for inputs in (calibration or [])]
             if not feeds:
                 raise InputError("int8-static quantization needs calibration inputs")
@@ -79,9 +84,13 @@ def quantize_model(model: Any, mode: str, calibration: Iterable[Mapping[str, Any
                 activation_type=quantization.QuantType.QUInt8,
                 weight_type=quantization.QuantType.QInt8,
                 per_channel=True,
-                nodes_to_exclude=standard_attention,
+                nodes_to_exclude=standard_attention + after_gelu,
             )
         return ir.from_proto(onnx.load(str(output)))
+
+
+#: GELU ops, standard and onnxruntime's fused ones
+_GELU_OPS = ("Gelu", "BiasGelu", "FastGelu")
 
 
 def _numpy_feeds(inputs: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
