@@ -189,3 +189,19 @@ def test_cli_optimize_and_opset(tmp_path: Path) -> None:
     dynamo = runner.invoke(app, ["export", "-m", str(checkpoint), "-b", "dynamo", "-o", str(tmp_path / "x"), "--opset", "20"])
     assert dynamo.exit_code == 1 and dynamo.output.strip() == "error: --opset applies to the onnx backend only, not 'dynamo'"
     assert not (tmp_path / "x").exists()
+
+
+def test_fully_masked_row_matches_eager_from_opset_23(tmp_path: Path) -> None:
+    """A sequence whose attention mask is all zeros: eager's attention gives zeros there; the ONNX
+    ``Attention`` op (opset 23 on, the default) does too, torchlib's decomposition (opset 22) returns
+    the mean of the values instead (documented in the README)."""
+    model, inputs = _tiny_bert()
+    inputs["attention_mask"][2] = 0
+    diffs = {}
+    for opset in (newest_opset(), 22):
+        exporter = OnnxExporter()
+        path = exporter.save(exporter.export(model, inputs, OnnxConfig(opset_version=opset)), tmp_path / str(opset))
+        (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-4, raise_on_mismatch=False)
+        diffs[opset] = report.max_abs_diff
+    assert diffs[newest_opset()] < 2e-5
+    assert diffs[22] > 0.1
