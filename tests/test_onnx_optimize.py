@@ -205,3 +205,28 @@ def test_fully_masked_row_matches_eager_from_opset_23(tmp_path: Path) -> None:
         diffs[opset] = report.max_abs_diff
     assert diffs[newest_opset()] < 2e-5
     assert diffs[22] > 0.1
+
+
+def test_tiny_llama_generation_folder_fused_for_onnxruntime(tmp_path: Path) -> None:
+    """A text-generation folder at ``ort-cpu``: prefill and decode match eager (the folder's own check),
+    RMS norms with their residual become ``SkipSimplifiedLayerNormalization`` and the prefill's
+    attention ``MultiHeadAttention``."""
+    import onnx
+
+    from hf_exporters.generation import export_generation_folder
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    manifest = export_generation_folder(tmp_path / "llama", "onnx", tmp_path / "out", optimize="ort-cpu")
+    assert sorted(manifest["parts"]) == ["decode", "prefill"]
+    assert all(part["parity"]["ok"] and part["parity"]["max_abs_diff"] < 1e-5 for part in manifest["parts"].values())
+    fused = {}
+    for name in ("prefill", "decode"):
+        proto = onnx.load(str(tmp_path / "out" / name / "model.onnx"), load_external_data=False)
+        assert {o.domain: o.version for o in proto.opset_import}[""] == 22
+        fused[name] = Counter(n.op_type for n in proto.graph.node if n.domain == "com.microsoft")
+    assert fused["prefill"] == {"SkipSimplifiedLayerNormalization": 4, "MultiHeadAttention": 2}
+    assert fused["decode"]["SkipSimplifiedLayerNormalization"] == 4
