@@ -98,7 +98,8 @@ def test_levels_and_their_errors() -> None:
     with pytest.raises(InputError, match=r"^unknown optimisation level 'O2'; choose one of: none, default, ort-cpu$"):
         optimize_level("O2")
     newest = newest_opset()
-    assert (default_opset("default", newest), default_opset("none", newest), default_opset("ort-cpu", newest)) == (newest, newest, 22)
+    assert (default_opset("default", newest), default_opset("none", newest), default_opset("ort-cpu", newest)) == (23, 23, 22)
+    assert default_opset("default", 21) == 21
     assert check_opset(18) == 18
     with pytest.raises(InputError, match=rf"^opset 17 is not supported: choose one from 18 to {newest} \(onnx and onnxscript installed\)$"):
         check_opset(17)
@@ -140,7 +141,7 @@ def test_levels_on_tiny_bert_match_eager_in_onnxruntime(level: str, tmp_path: Pa
         assert (ops["com.microsoft:Attention"], ops["com.microsoft:SkipLayerNormalization"], ops["com.microsoft:BiasGelu"]) == (2, 4, 2)
         assert ops["Softmax"] == ops["Erf"] == ops["Gelu"] == 0
     else:
-        assert exporter.opset == newest_opset() and exporter.fusions == {}
+        assert exporter.opset == 23 == program.model.opset_imports[""] and exporter.fusions == {}
         assert ops["Attention"] == 2 and not any(op.startswith("com.microsoft") for op in ops)
     path = exporter.save(program, tmp_path)
     second = {k: v.repeat(2, 2)[:5, :17] for k, v in inputs.items()}
@@ -193,17 +194,17 @@ def test_cli_optimize_and_opset(tmp_path: Path) -> None:
 
 def test_fully_masked_row_matches_eager_from_opset_23(tmp_path: Path) -> None:
     """A sequence whose attention mask is all zeros: eager's attention gives zeros there; the ONNX
-    ``Attention`` op (opset 23 on, the default) does too, torchlib's decomposition (opset 22) returns
-    the mean of the values instead (documented in the README)."""
+    ``Attention`` op (opset 23 on, 23 the default) does too, torchlib's decomposition (opset 22)
+    returns the mean of the values instead (documented in the README)."""
     model, inputs = _tiny_bert()
     inputs["attention_mask"][2] = 0
     diffs = {}
-    for opset in (newest_opset(), 22):
+    for opset in (23, newest_opset(), 22):
         exporter = OnnxExporter()
         path = exporter.save(exporter.export(model, inputs, OnnxConfig(opset_version=opset)), tmp_path / str(opset))
         (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-4, raise_on_mismatch=False)
         diffs[opset] = report.max_abs_diff
-    assert diffs[newest_opset()] < 2e-5
+    assert diffs[23] < 2e-5 and diffs[newest_opset()] < 2e-5
     assert diffs[22] > 0.1
 
 

@@ -98,7 +98,7 @@ def test_minilm_int8_dynamic_keeps_its_sentence_embeddings(minilm, tmp_path: Pat
 
 
 def test_int8_dynamic_and_static_run_in_onnxruntime(tmp_path: Path) -> None:
-    """Dynamic int8 of the ONNX ``Attention`` op graph (opset 25) loads: the standard op stays float;
+    """Dynamic int8 of the ONNX ``Attention`` op graph (opset 23) loads: the standard op stays float;
     static int8 puts QDQ pairs around the MatMuls but the one after each GELU."""
     model, inputs = _tiny_bert()
     with torch.no_grad():

@@ -88,7 +88,7 @@ def export(
         False, "--allow-random-weights", help="Export even when the checkpoint lacks weights transformers then initialises at random (a head)."
     ),
     opset: Optional[int] = typer.Option(
-        None, "--opset", help="onnx: the ONNX opset (18 to the newest supported); default: the newest, 22 with --optimize ort-cpu."
+        None, "--opset", help="onnx: the ONNX opset (18 to the newest supported); default 23, 22 with --optimize ort-cpu."
     ),
     optimize: Optional[str] = typer.Option(
         None,

@@ -27,6 +27,10 @@ logger = logging.getLogger("hf_exporters")
 #: the optimisation levels, least first
 OPTIMIZE_LEVELS = ("none", "default", "ort-cpu")
 
+#: the default-domain opset of an export at level ``none`` or ``default`` when none is asked for
+#: (see :func:`default_opset`)
+DEFAULT_OPSET = 23
+
 #: the newest opset whose SDPA lowering onnxscript's attention fusion matches: from opset 23 on,
 #: torch.onnx emits the ONNX ``Attention`` op, which ``optimize_for_ort`` leaves as it is
 FUSABLE_ATTENTION_MAX_OPSET = 22
@@ -75,20 +79,24 @@ def check_opset(opset: int) -> int:
 def default_opset(level: str, newest: int) -> int:
     """The opset an export at ``level`` targets when none is asked for.
 
-    Measured with all-MiniLM-L6-v2 and a tiny Llama in onnxruntime 1.32 CPU (2 threads, sequence 128,
-    batch 1 and 8, ``benchmarks/onnx_speed.py``):
+    :data:`DEFAULT_OPSET` (23) at levels ``none`` and ``default``, measured on all-MiniLM-L6-v2 in
+    onnxruntime 1.32 CPU (2 threads, sequence 128, batch 1 and 8, ``benchmarks/onnx_speed.py``,
+    ``benchmarks/results/onnx_speed.json``):
 
-    - below 20 GELU is lowered as ``Erf`` arithmetic that onnxruntime does not fuse (``Gelu`` is an
-      ONNX op from opset 20), and the SDPA lowering is torchlib's ``Softmax`` decomposition;
-    - from 23 on, SDPA is the ONNX ``Attention`` op: onnxruntime runs it as its function body, no
-      slower than the decomposition, and it zeroes a query row whose every key is masked as eager
-      does (the decomposition returns the mean of the values there);
-    - at level ``ort-cpu``, onnxscript's attention fusion matches the decomposition only, so the
-      default there is :data:`FUSABLE_ATTENTION_MAX_OPSET` (22).
+    - from opset 23 SDPA is lowered to the ONNX ``Attention`` op. onnxruntime 1.32 has a CPU kernel
+      for ``Attention``-23 but none for ``Attention``-24, which it runs as its function body (556
+      nodes after its optimizer instead of 160 for MiniLM: casts, identities, a ``Where`` per mask
+      step): opset 23 took 0.92x (batch 1) and 0.95x (batch 8) the CPU time of opset 25;
+    - ``Attention`` zeroes a query row whose every key is masked as eager does; below 23 torchlib's
+      softmax decomposition returns the mean of the values there (a sequence whose attention mask is
+      all zeros differs from eager);
+    - below 20 GELU is ``Erf`` arithmetic onnxruntime does not fuse (``Gelu`` is an op from 20 on).
 
-    ``newest`` (the newest opset onnx and onnxscript support) caps the result.
+    At level ``ort-cpu`` it is :data:`FUSABLE_ATTENTION_MAX_OPSET` (22): onnxscript's attention fusion
+    matches the decomposition only. ``newest`` (the newest opset onnx and onnxscript support) caps
+    the result.
     """
-    return min(FUSABLE_ATTENTION_MAX_OPSET, newest) if level == "ort-cpu" else newest
+    return min(FUSABLE_ATTENTION_MAX_OPSET if level == "ort-cpu" else DEFAULT_OPSET, newest)
 
 
 def fuse_for_onnxruntime(model: Any) -> dict[str, int]:
@@ -105,4 +113,4 @@ def fuse_for_onnxruntime(model: Any) -> dict[str, int]:
     return {name: count for name, count in counts.items() if count}
 
 
-__all__ = ["newest_opset", "MIN_OPSET", "check_opset", "FUSABLE_ATTENTION_MAX_OPSET", "OPTIMIZE_LEVELS", "default_opset", "fuse_for_onnxruntime", "optimize_level"]
+__all__ = ["DEFAULT_OPSET", "newest_opset", "MIN_OPSET", "check_opset", "FUSABLE_ATTENTION_MAX_OPSET", "OPTIMIZE_LEVELS", "default_opset", "fuse_for_onnxruntime", "optimize_level"]
