@@ -176,6 +176,7 @@ def test_cli_optimize_and_opset(tmp_path: Path) -> None:
         "optimize": "ort-cpu",
         "fusions": {"skip_layer_normalization": 4, "sdpa": 2, "mha2": 2, "mha_bias": 2, "attention": 2, "bias_gelu": 2},
         "ir_fixes_applied": 2,
+        "quantize": None,
     }
     for option, value, message in (
         ("--optimize", "O2", "error: Invalid value for '--optimize': 'O2' is not one of none, default, ort-cpu"),
