@@ -14,8 +14,9 @@ from hf_exporters.runtime import ExportedProgramRunner, check_parity
 def test_case_dynamo(case):
     model, input_sets, dynamic = CASES[case]()
     exporter = DynamoExporter()
-    program = exporter.export(model, input_sets[0], DynamoConfig(dynamic=dynamic))
-    assert unexpected_static(exporter.static_axes, case) == []  # batch and sequence axes stayed dynamic
+    result = exporter.run(model, input_sets[0], DynamoConfig(dynamic=dynamic))
+    program = result.program
+    assert unexpected_static(result.static_axes, case) == []  # batch and sequence axes stayed dynamic
     reports = check_parity(model, ExportedProgramRunner(program), input_sets, atol=1e-4)
     assert len(reports) == len(input_sets)
     for report in reports:

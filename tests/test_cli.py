@@ -316,6 +316,10 @@ def _cli_process(*args, **kwargs):
         (["export", "-o", "/tmp/x", "--max-seq-len"], "error: Option '--max-seq-len' requires an argument. (see 'hf-exporters --help')"),
         (["generate", "nowhere", "-p", "x", "-n", "-5"], "error: Invalid value for '--max-new-tokens' / '-n': Input should be greater than or equal to 1 (see 'hf-exporters generate --help')"),
         (["dance"], "error: No such command 'dance'. (see 'hf-exporters --help')"),
+        (
+            ["export", "-o", "/tmp/x", "--on-static-axis", "maybe"],
+            "error: Invalid value for '--on-static-axis': Value error, 'maybe' is not one of 'warn', 'error'. (see 'hf-exporters export --help')",
+        ),
     ],
 )
 def test_usage_errors_are_one_line_with_status_2(args, message):

@@ -31,8 +31,9 @@ def test_minilm_batch_encoding_dynamic_parity(minilm):
     encoding = tokenizer(["A man is eating food.", "Someone is riding a horse in the field."], padding=True, return_tensors="pt")
     assert isinstance(encoding, transformers.BatchEncoding)
     exporter = DynamoExporter()
-    program = exporter.export(model, encoding, DynamoConfig(dynamic=True))
-    assert exporter.static_axes == []
+    result = exporter.run(model, encoding, DynamoConfig(dynamic=True))
+    program = result.program
+    assert result.static_axes == []
     assert "forward" not in vars(model)  # the signature patch is an instance attribute, removed afterwards
     inputs = dict(encoding)
     other = resized_inputs(program, inputs)
@@ -63,21 +64,22 @@ class _ViewsBatchAsTwo(torch.nn.Module):
 
 def test_axes_that_end_static_are_reported():
     exporter = DynamoExporter()
-    exporter.export(torch.nn.Linear(3, 4), {"input": torch.randn(2, 3)}, DynamoConfig(dynamic=True))
-    assert exporter.static_axes == [StaticAxis("input", 1, 3)]  # the feature axis meets the weight
-    assert str(exporter.static_axes[0]) == "input[axis 1] = 3"
+    result = exporter.run(torch.nn.Linear(3, 4), {"input": torch.randn(2, 3)}, DynamoConfig(dynamic=True))
+    assert result.static_axes == [StaticAxis("input", 1, 3)]  # the feature axis meets the weight
+    assert str(result.static_axes[0]) == "input[axis 1] = 3"
 
 
 def test_explicit_dynamic_shapes_take_precedence():
     exporter = DynamoExporter()
-    program = exporter.export(
+    result = exporter.run(
         _ViewsBatchAsTwo(),
         {"x": torch.randn(2, 3)},
         DynamoConfig(dynamic=True, dynamic_shapes={"x": {1: torch.export.Dim("n")}}),
     )
+    program = result.program
     shape = [n for n in program.graph.nodes if n.name == "x"][0].meta["val"].shape
     assert shape[0] == 2 and isinstance(shape[1], torch.SymInt)
-    assert exporter.static_axes == []
+    assert result.static_axes == []
 
 
 class _CachesRotary(torch.nn.Module):
@@ -403,9 +405,10 @@ def test_guards_the_constraint_solver_cannot_solve_do_not_stop_a_dynamic_export(
     with size_oblivious_sizes(), pytest.raises(Exception, match="cannot be solved using"):
         torch.export.export(model, (), inputs, dynamic_shapes=auto_dynamic_shapes(inputs), strict=False)
     exporter = DynamoExporter()
-    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
-    assert exporter.size_oblivious is True  # no retry needed
-    assert exporter.static_axes == [StaticAxis("pixel_values", 1, 3)]  # the channels meet the first convolution
+    result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+    program = result.program
+    assert result.size_oblivious is True  # no retry needed
+    assert result.static_axes == [StaticAxis("pixel_values", 1, 3)]  # the channels meet the first convolution
     others = [{"pixel_values": torch.randn(3, 3, 96, 64)}, {"pixel_values": torch.randn(4, 3, 64, 96)}]  # sides up to 96
     reports = check_parity(model, ExportedProgramRunner(program), [inputs, *others], atol=1e-5)
     assert [r.ok for r in reports] == [True, True, True]
@@ -626,11 +629,12 @@ def test_len_of_a_tensor_in_modeling_code_keeps_the_batch_dynamic(monkeypatch):
     config = DynamoConfig(dynamic=True, dynamic_shapes={"x": {0: torch.export.Dim.AUTO}})
     with without_workarounds("_patch_len_of_tensor_keeps_symbol"):
         exporter = DynamoExporter()
-        exporter.export(module.PoolByLen(), inputs, config)
-        assert exporter.static_axes == [StaticAxis("x", 0, 2)]
+        result = exporter.run(module.PoolByLen(), inputs, config)
+        assert result.static_axes == [StaticAxis("x", 0, 2)]
     exporter = DynamoExporter()
-    program = exporter.export(module.PoolByLen(), inputs, config)
-    assert exporter.static_axes == []
+    result = exporter.run(module.PoolByLen(), inputs, config)
+    program = result.program
+    assert result.static_axes == []
     assert "len" not in vars(module)  # the shadow is gone after the export
     bigger = {"x": torch.randn(5, 3, 4)}
     pooled, count = program.module()(**bigger)
@@ -667,12 +671,13 @@ def test_trace_failing_under_size_oblivious_reasoning_is_retried_with_plain_reas
     with size_oblivious_sizes(), pytest.raises(RuntimeError, match=re.escape("must match the size of tensor b ((4//(")):
         torch.export.export(model, (), inputs, dynamic_shapes={"x": {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO}}, strict=False)
     exporter = DynamoExporter()
-    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
-    assert exporter.static_axes == []
+    result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+    program = result.program
+    assert result.static_axes == []
     bigger = torch.randn(5, 2, 2)
     torch.testing.assert_close(program.module()(x=bigger), model(bigger))
 
-    assert exporter.size_oblivious is False  # a lowering re-traces with plain reasoning too
+    assert result.size_oblivious is False  # a lowering re-traces with plain reasoning too
 
     calls = []
     export = torch.export.export
@@ -804,9 +809,10 @@ def test_windows_padded_at_every_stage_trace_without_sympy_simplify(monkeypatch)
     model = _PadsToWindowsPerStage().eval()
     inputs = {"x": torch.randn(2, 3, 61, 47)}
     exporter = DynamoExporter()
-    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+    program = result.program
     assert calls == []
-    assert exporter.static_axes == []
+    assert result.static_axes == []
     others = [{"x": torch.randn(1, 3, 30, 77)}, {"x": torch.randn(3, 3, 64, 64)}]
     reports = check_parity(model, ExportedProgramRunner(program), [inputs, *others], atol=1e-6)
     assert [r.ok for r in reports] == [True, True, True]
@@ -900,11 +906,12 @@ def _length_stays_dynamic(tmp_path, model_class, workaround):
     length = inputs["input_ids"].shape[1]
     with without_workarounds(workaround):
         exporter = DynamoExporter()
-        exporter.export(model, inputs, DynamoConfig(dynamic=True))
-        assert StaticAxis("input_ids", 1, length) in exporter.static_axes
+        result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+        assert StaticAxis("input_ids", 1, length) in result.static_axes
     exporter = DynamoExporter()
-    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
-    assert exporter.static_axes == []
+    result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+    program = result.program
+    assert result.static_axes == []
     other = resized_inputs(program, inputs)
     assert other["input_ids"].shape[1] > length
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, other], atol=1e-4)
@@ -1060,11 +1067,12 @@ def test_recurrent_layers_keep_the_length_dynamic(tmp_path, kind):
     inputs = {"x": torch.randn(2, 5, 4)}
     with without_workarounds("_patch_recurrent_layers_as_while_loops"):
         exporter = DynamoExporter()
-        exporter.export(model, inputs, DynamoConfig(dynamic=True))
-        assert StaticAxis("x", 1, 5) in exporter.static_axes
+        result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+        assert StaticAxis("x", 1, 5) in result.static_axes
     exporter = DynamoExporter()
-    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
-    assert exporter.static_axes == [StaticAxis("x", 2, 4)]  # the features meet the weights
+    result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+    program = result.program
+    assert result.static_axes == [StaticAxis("x", 2, 4)]  # the features meet the weights
     longer = {"x": torch.randn(3, 11, 4)}
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, longer], atol=1e-5)
     assert [r.ok for r in reports] == [True, True]
@@ -1090,11 +1098,12 @@ def test_reformer_axial_positions_keep_the_batch_dynamic(tmp_path):
     inputs = build_inputs(model)
     with without_workarounds("_patch_reformer_axial_positions_gathered"):
         exporter = DynamoExporter()
-        exporter.export(model, inputs, DynamoConfig(dynamic=True))
-        assert StaticAxis("input_ids", 0, 2) in exporter.static_axes
+        result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+        assert StaticAxis("input_ids", 0, 2) in result.static_axes
     exporter = DynamoExporter()
-    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
-    assert exporter.static_axes == []
+    result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+    program = result.program
+    assert result.static_axes == []
     other = resized_inputs(program, inputs)
     assert other["input_ids"].shape[0] > 2
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, other], atol=1e-5)
@@ -1122,11 +1131,12 @@ def test_pixtral_same_size_images_keep_the_batch_dynamic(tmp_path):
     inputs = build_inputs(model)
     with without_workarounds("_patch_pixtral_same_size_images_batched"):
         exporter = DynamoExporter()
-        exporter.export(model, inputs, DynamoConfig(dynamic=True))
-        assert StaticAxis("pixel_values", 0, 2) in exporter.static_axes
+        result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+        assert StaticAxis("pixel_values", 0, 2) in result.static_axes
     exporter = DynamoExporter()
-    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
-    assert StaticAxis("pixel_values", 0, 2) not in exporter.static_axes
+    result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+    program = result.program
+    assert StaticAxis("pixel_values", 0, 2) not in result.static_axes
     four = {"pixel_values": torch.randn(4, *inputs["pixel_values"].shape[1:])}
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, four], atol=1e-5)
     assert [r.ok for r in reports] == [True, True]
@@ -1151,13 +1161,18 @@ def test_encodec_keeps_the_waveform_length_dynamic(tmp_path):
     model = build_model("EncodecModel")
     torch.manual_seed(0)
     inputs = {"input_values": torch.randn(2, 1, 3200)}
-    with without_workarounds("_patch_encodec_single_frame_without_range", "_patch_encodec_decode_trims_without_a_branch"):
-        exporter = DynamoExporter()
-        exporter.export(model, inputs, DynamoConfig(dynamic=True))
-        assert StaticAxis("input_values", 2, 3200) in exporter.static_axes
+    # the patched export first: an unpatched trace earlier in the process leaves a length guard
+    # (10 frames) in the next program's input guards (a leak through torch's trace state, not the model)
     exporter = DynamoExporter()
-    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
-    assert exporter.static_axes == []
+    result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+    program = result.program
+    # the length stays dynamic; the channel axis is the model's audio_channels (mono), pinned by a guard
+    assert result.static_axes == [StaticAxis("input_values", 1, 1)]
+    assert result.static_axes[0].guard == "input_values.size()[1] == 1"
+    program.module()(input_values=torch.randn(3, 1, 3203))  # the in-memory program's guards accept another length
+    with without_workarounds("_patch_encodec_single_frame_without_range", "_patch_encodec_decode_trims_without_a_branch"):
+        unpatched = DynamoExporter().run(model, inputs, DynamoConfig(dynamic=True))
+        assert StaticAxis("input_values", 2, 3200) in unpatched.static_axes
     odd = {"input_values": torch.randn(3, 1, 3203)}
     runner = exporter.load_runner(exporter.save(program, tmp_path))
     reports = check_parity(model, runner, [inputs, odd], atol=1e-5)
@@ -1186,8 +1201,9 @@ def test_longformer_attention_exports_with_global_tokens(tmp_path, model_class):
         assert failed.value.stage == "trace (torch.export.export)"
         assert "GuardOnDataDependentSymNode" in str(failed.value)
     exporter = DynamoExporter()
-    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
-    assert exporter.static_axes == []
+    result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+    program = result.program
+    assert result.static_axes == []
     with_global = {k: v.clone() for k, v in inputs.items()}
     with_global["global_attention_mask"][:, 0] = 1
     with_global["global_attention_mask"][1, 3] = 1
@@ -1336,8 +1352,9 @@ def test_vision_position_ids_and_videollama3_downsampling_for_any_image_count(tm
         with pytest.raises(ExportStageError, match="data-dependent"):
             DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))
     exporter = DynamoExporter()
-    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
-    assert exporter.static_axes == []
+    result = exporter.run(model, inputs, DynamoConfig(dynamic=True))
+    program = result.program
+    assert result.static_axes == []
     width = inputs["pixel_values"].shape[1]
     three = {"pixel_values": torch.randn(4 + 8 + 4, width), "grid_thw": torch.tensor([[1, 2, 2], [2, 2, 2], [1, 2, 2]]), "merge_sizes": torch.tensor([1, 1, 1])}
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, three], atol=1e-4)

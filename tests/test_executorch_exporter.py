@@ -82,7 +82,7 @@ def _lower_and_run(model, example, fixes, run_shapes, make=None):
 
 
 def test_export_reads_as_five_stages():
-    source = inspect.getsource(ExecutorchExporter.export)
+    source = inspect.getsource(ExecutorchExporter.run)
     titles = re.findall(r"# ── (Stage \d: [^─]+) ──", source)
     assert titles == [
         "Stage 1: Backend preparation",
@@ -91,7 +91,7 @@ def test_export_reads_as_five_stages():
         "Stage 4: FX program fixes",
         "Stage 5: FX node fixes",
     ]
-    assert "super().export(" in source
+    assert "super().run(" in source
 
 
 def test_interface_attributes():
@@ -152,11 +152,12 @@ def test_export_save_run_parity_dynamic(backend, tmp_path):
     model = _tiny_attention()
     inputs = {"x": _x(2, 5, 8)}
     exporter = ExecutorchExporter()
-    manager = exporter.export(model, inputs, ExecutorchConfig(backend=backend, dynamic=True))
-    assert exporter.static_axes == [StaticAxis("x", 2, 8)]  # the feature axis, fixed by the Linear
+    result = exporter.run(model, inputs, ExecutorchConfig(backend=backend, dynamic=True))
+    manager = result.program
+    assert result.static_axes == [StaticAxis("x", 2, 8)]  # the feature axis, fixed by the Linear
     path = exporter.save(manager, tmp_path)
     assert path == tmp_path / "model.pte" and path.read_bytes() == manager.buffer
-    resized = resized_inputs(exporter.exported_program, inputs)
+    resized = resized_inputs(result.exported_program, inputs)
     assert resized["x"].shape == (5, 8, 8)
     reports = check_parity(model, exporter.load_runner(path), [inputs, resized], atol=1e-3)
     assert [r.input_shapes["x"] for r in reports] == [[2, 5, 8], [5, 8, 8]]
@@ -187,9 +188,10 @@ def test_patch_xnnpack_conv1d_one_dynamic_axis(tmp_path):
         with pytest.raises(ExportStageError, match="XNNPACK reshape only supports 1 dynamic dimension"):
             ExecutorchExporter().export(model, inputs, ExecutorchConfig(dynamic=True))
     exporter = ExecutorchExporter()
-    manager = exporter.export(model, inputs, ExecutorchConfig(dynamic=True))
+    result = exporter.run(model, inputs, ExecutorchConfig(dynamic=True))
+    manager = result.program
     path = exporter.save(manager, tmp_path)
-    assert exporter.static_axes == []
+    assert result.static_axes == []
     assert _top_level_convolutions(manager) == 2  # on the portable kernel
     reports = check_parity(model, exporter.load_runner(path), [inputs, {"input_values": _x(3, 650)}], atol=1e-3)
     assert [r.ok for r in reports] == [True, True] and max(r.max_abs_diff for r in reports) < 1e-5
@@ -219,8 +221,9 @@ def test_patch_xnnpack_unsqueeze_one_dynamic_axis(tmp_path):
         with pytest.raises(ExportStageError, match="XNNPACK reshape only supports 1 dynamic dimension"):
             ExecutorchExporter().export(model, inputs, ExecutorchConfig(dynamic=True))
     exporter = ExecutorchExporter()
-    path = exporter.save(exporter.export(model, inputs, ExecutorchConfig(dynamic=True)), tmp_path)
-    assert exporter.static_axes == [StaticAxis("x", 2, 8)]
+    result = exporter.run(model, inputs, ExecutorchConfig(dynamic=True))
+    path = exporter.save(result.program, tmp_path)
+    assert result.static_axes == [StaticAxis("x", 2, 8)]
     reports = check_parity(model, exporter.load_runner(path), [inputs, {"x": _x(3, 7, 8)}], atol=1e-3)
     assert [r.ok for r in reports] == [True, True] and max(r.max_abs_diff for r in reports) < 1e-5
 

@@ -20,7 +20,7 @@ pytest.importorskip("onnxscript", reason="the ONNX tests need the onnx extra")
 
 import onnx_ir as ir  # noqa: E402
 
-from hf_exporters import DynamoExporter, OnnxConfig, registry  # noqa: E402
+from hf_exporters import DynamoExporter, ExportResult, OnnxConfig, registry  # noqa: E402
 from hf_exporters import known_issues  # noqa: E402
 from hf_exporters.errors import ExportStageError, MissingDependencyError, ParityError  # noqa: E402
 from hf_exporters.exporters import onnx as onnx_module  # noqa: E402
@@ -62,10 +62,11 @@ def test_interface() -> None:
 def test_export_save_run_dynamic(tmp_path: Path) -> None:
     model, inputs = _Tiny().eval(), _tiny_inputs()
     exporter = OnnxExporter()
-    program = exporter.export(model, inputs, OnnxConfig(dynamic=True))
+    result = exporter.run(model, inputs, OnnxConfig(dynamic=True))
+    program = result.program
     assert isinstance(program, torch.onnx.ONNXProgram)
-    assert exporter.exported_program is not None
-    assert exporter.static_axes == [StaticAxis("x", 2, 8)]  # the feature axis meets the weight
+    assert result.exported_program is not None
+    assert result.static_axes == [StaticAxis("x", 2, 8)]  # the feature axis meets the weight
     path = exporter.save(program, tmp_path)
     assert path == tmp_path / "model.onnx" and path.exists()
     assert (tmp_path / "model.onnx.data").exists()  # external_data=True by default
@@ -73,7 +74,7 @@ def test_export_save_run_dynamic(tmp_path: Path) -> None:
     run = exporter.load_runner(path)
     assert run.input_names == ["x", "mask"]  # no buffer, no constant leaks in
     assert run.output_names == ["y", "n"]  # named after the output dict keys, not the producing nodes
-    resized = resized_inputs(exporter.exported_program, inputs)
+    resized = resized_inputs(result.exported_program, inputs)
     assert resized is not None and resized["x"].shape == (5, 6, 8)
     reports = check_parity(model, run, [inputs, resized], atol=exporter.default_atol)
     assert [r.input_shapes["x"] for r in reports] == [[2, 3, 8], [5, 6, 8]]
@@ -114,7 +115,7 @@ def test_stage_blocks_in_order() -> None:
         ("Stage 7", "Quantization"),
     ]
     for number, title in titles:
-        assert f'stage(self.name, "{number}: {title}")' in SOURCE
+        assert f'stage(self.name, "{number}: {title}"' in SOURCE
 
 
 def test_missing_dependency(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -160,12 +161,13 @@ def test_stage2_hook_runs_fixes_after_decomposition(tmp_path: Path) -> None:
 
     model, inputs = Reshaper(), {"x": torch.randn(2, 3, 4)}
     exporter = OnnxExporter()
-    program = exporter.export(model, inputs)
+    result = exporter.run(model, inputs)
+    program = result.program
     # the trace holds aten.reshape (no view for Stage 3 to fix); the decomposition turns it into
     # aten.view, which only the Stage 2 hook sees and rewrites
-    traced = [n.target for n in exporter.exported_program.graph.nodes if n.op == "call_function"]
+    traced = [n.target for n in result.exported_program.graph.nodes if n.op == "call_function"]
     assert torch.ops.aten.reshape.default in traced and torch.ops.aten.view.default not in traced
-    assert exporter.fx_fixes_applied == 1
+    assert result.fx_fixes_applied == 1
     from torch.onnx._internal.exporter import _fx_passes
 
     assert _fx_passes.decompose_with_registry.__name__ == "decompose_with_registry"
@@ -201,8 +203,9 @@ def test_disable_optimize_is_applied_and_logged(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setitem(onnx_module.ONNX_DISABLE_OPTIMIZE, "_Tiny", reason)
     exporter = OnnxExporter()
     with caplog.at_level(logging.WARNING, logger="hf_exporters"):
-        program = exporter.export(_Tiny().eval(), _tiny_inputs())
-    assert exporter.optimized is False
+        result = exporter.run(_Tiny().eval(), _tiny_inputs())
+        program = result.program
+    assert result.optimized is False
     assert f"_Tiny: onnxscript optimizer turned off: {reason}" in caplog.text
     # unoptimized graphs keep the Constant nodes the optimizer would fold into initializers
     assert any(node.op_type == "Constant" for node in program.model.graph)
@@ -284,11 +287,12 @@ def test_fix_ir_topk_sorted() -> None:
     assert _fix_ir_topk_sorted(graph) == 0  # already sorted
 
 
-def _onnx_parity(model: torch.nn.Module, inputs: dict[str, Any], tmp_path: Path) -> tuple[OnnxExporter, float]:
+def _onnx_parity(model: torch.nn.Module, inputs: dict[str, Any], tmp_path: Path) -> tuple[ExportResult, float]:
     exporter = OnnxExporter()
-    path = exporter.save(exporter.export(model, inputs), tmp_path)
+    result = exporter.run(model, inputs)
+    path = exporter.save(result.program, tmp_path)
     (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=1e-4)
-    return exporter, report.max_abs_diff
+    return result, report.max_abs_diff
 
 
 class _VmapMask(torch.nn.Module):
@@ -321,7 +325,7 @@ def test_vmap_mask_expansion_by_broadcast(tmp_path: Path) -> None:
     assert broadcast(*ids).shape == (2, 3, 4, 4)
     assert torch.equal(broadcast(*ids), vmapped(*ids))
     original = masking_utils._vmap_expansion_sdpa, masking_utils.TransformGetItemToIndex
-    exporter, diff = _onnx_parity(_VmapMask(), inputs, tmp_path)
+    _, diff = _onnx_parity(_VmapMask(), inputs, tmp_path)
     assert diff == 0.0
     assert (masking_utils._vmap_expansion_sdpa, masking_utils.TransformGetItemToIndex) == original  # restored
     # the dynamo backend writes the .pt2 (no flat_apply node left to serialise) and loads it back
@@ -345,9 +349,9 @@ class _ComplexRotary(torch.nn.Module):
 
 def test_fix_complex_shape_ops(tmp_path: Path) -> None:
     inputs = {"x": torch.randn(2, 3, 2, 8), "angles": torch.randn(3, 4)}
-    exporter, diff = _onnx_parity(_ComplexRotary(), inputs, tmp_path)
+    result, diff = _onnx_parity(_ComplexRotary(), inputs, tmp_path)
     assert diff < 1e-5
-    assert exporter.fx_fixes_applied >= 4  # unsqueeze x2, expand, select, reshape: each rewritten
+    assert result.fx_fixes_applied >= 4  # unsqueeze x2, expand, select, reshape: each rewritten
     # dynamic batch and length: the reshape and expand sizes are symbolic nodes
     dynamic = OnnxExporter()
     path = dynamic.save(dynamic.export(_ComplexRotary(), inputs, OnnxConfig(dynamic=True)), tmp_path / "dynamic")
@@ -362,9 +366,9 @@ def test_fix_rsub_scalar(tmp_path: Path) -> None:
             return x * (1.0 - mask) + (2 - 3 * x) + (1.0 - mask.to(torch.uint8))  # uint8 must not wrap
 
     inputs = {"x": torch.randn(2, 5), "mask": torch.tensor([[1, 1, 0, 0, 1], [0, 1, 1, 1, 1]])}
-    exporter, diff = _onnx_parity(Inverted(), inputs, tmp_path)
+    result, diff = _onnx_parity(Inverted(), inputs, tmp_path)
     assert diff < 1e-6
-    traced = [n.target for n in exporter.exported_program.graph.nodes if n.op == "call_function"]
+    traced = [n.target for n in result.exported_program.graph.nodes if n.op == "call_function"]
     assert torch.ops.aten.rsub.Scalar not in traced  # Stage 3 rewrote both
 
 
@@ -384,9 +388,9 @@ def test_view_to_size_zero_axis_keeps_allowzero(tmp_path: Path) -> None:
             kept, empty = x.split([4, 0], dim=-1)
             return kept.view(2, 3, 2, 2), empty.view(2, 3, 2, 0)  # (B, S, heads, 0): a size-0 axis past x's rank
 
-    exporter, diff = _onnx_parity(EmptyPart(), {"x": torch.randn(2, 3, 4)}, tmp_path)
+    _, diff = _onnx_parity(EmptyPart(), {"x": torch.randn(2, 3, 4)}, tmp_path)
     assert diff < 1e-6
-    program = exporter.export(EmptyPart(), {"x": torch.randn(2, 3, 4)})
+    program = OnnxExporter().export(EmptyPart(), {"x": torch.randn(2, 3, 4)})
     (empty,) = [n for n in program.model.graph if n.op_type == "Reshape" and n.outputs[0].shape[-1] == 0]
     assert empty.attributes["allowzero"].as_int() == 1  # 0 is a size, not "copy this axis"
 
@@ -399,10 +403,10 @@ def test_output_number_constants_left_out(tmp_path: Path) -> None:
             return x * 2, (x.shape[1], 7), x.sum(-1)
 
     inputs = {"x": torch.randn(2, 3)}
-    exporter, diff = _onnx_parity(WithSizes(), inputs, tmp_path)
+    result, diff = _onnx_parity(WithSizes(), inputs, tmp_path)
     assert diff < 1e-6
-    assert output_names(exporter.exported_program) == ["0", "2"]
-    program = exporter.export(WithSizes(), inputs)
+    assert output_names(result.exported_program) == ["0", "2"]
+    program = OnnxExporter().export(WithSizes(), inputs)
     assert [v.name for v in program.model.graph.outputs] == ["0", "2"]
 
 
@@ -413,9 +417,9 @@ def test_fix_squeeze_of_wide_axis(tmp_path: Path) -> None:
             return joint.squeeze(2), joint[:, :1].squeeze((1, 2))  # a no-op, then (1, 2) where only axis 1 is 1
 
     inputs = {"encoder": torch.randn(2, 4, 8), "decoder": torch.randn(2, 3, 8)}
-    exporter, diff = _onnx_parity(Joint(), inputs, tmp_path)
+    result, diff = _onnx_parity(Joint(), inputs, tmp_path)
     assert diff < 1e-6
-    assert exporter.fx_fixes_applied >= 2
+    assert result.fx_fixes_applied >= 2
 
 
 class _Joint(torch.nn.Module):
@@ -432,8 +436,8 @@ class _Joint(torch.nn.Module):
         return torch.tanh(encoder[:, :, None, :] + decoder[:, None, :, :]).squeeze(2)
 
 
-def _token_axis(exporter: OnnxExporter) -> Any:
-    [tokens] = [n for n in exporter.exported_program.graph.nodes if n.op == "placeholder" and n.name == "tokens"]
+def _token_axis(result: ExportResult) -> Any:
+    [tokens] = [n for n in result.exported_program.graph.nodes if n.op == "placeholder" and n.name == "tokens"]
     return tokens.meta["val"].shape[1]
 
 
@@ -447,12 +451,12 @@ def test_lstm_keeps_a_dynamic_token_length_through_the_lowering(tmp_path: Path) 
     model = _Joint().eval()
     inputs = {"encoder": torch.randn(2, 5, 8), "tokens": torch.randint(0, 10, (2, 4))}
     with without_workarounds("_patch_lstm_kept_whole_with_symbolic_length", "_patch_type_promotion_keeps_lstm_whole"):
-        unpatched = OnnxExporter()
-        unpatched.export(model, inputs, OnnxConfig(dynamic=True))
+        unpatched = OnnxExporter().run(model, inputs, OnnxConfig(dynamic=True))
     assert _token_axis(unpatched) == 4
     exporter = OnnxExporter()
-    program = exporter.export(model, inputs, OnnxConfig(dynamic=True))
-    assert not isinstance(_token_axis(exporter), int)
+    result = exporter.run(model, inputs, OnnxConfig(dynamic=True))
+    program = result.program
+    assert not isinstance(_token_axis(result), int)
     assert "LSTM" in {node.op_type for node in program.model.graph}
     runner = exporter.load_runner(exporter.save(program, tmp_path))
     longer = {"encoder": torch.randn(3, 7, 8), "tokens": torch.randint(0, 10, (3, 9))}
@@ -471,8 +475,9 @@ def test_squeeze_of_wide_axis_as_a_model_output(tmp_path: Path) -> None:
     model = _Joint().eval()
     inputs = {"encoder": torch.randn(2, 5, 8), "tokens": torch.randint(0, 10, (2, 4))}
     exporter = OnnxExporter()
-    program = exporter.export(model, inputs, OnnxConfig(dynamic=False))
-    assert exporter.fx_fixes_applied >= 1
+    result = exporter.run(model, inputs, OnnxConfig(dynamic=False))
+    program = result.program
+    assert result.fx_fixes_applied >= 1
     [got] = exporter.load_runner(exporter.save(program, tmp_path))(inputs)
     with torch.no_grad():
         want = model(**inputs)
@@ -827,10 +832,11 @@ def test_selective_scan_exports_as_an_onnx_scan_with_a_dynamic_length(tmp_path: 
     model = build_model("FalconMambaModel")
     inputs = build_inputs(model)
     exporter = OnnxExporter()
-    program = exporter.export(model, inputs, OnnxConfig(dynamic=True))
-    assert exporter.static_axes == []
+    result = exporter.run(model, inputs, OnnxConfig(dynamic=True))
+    program = result.program
+    assert result.static_axes == []
     assert sum(node.op_type == "Scan" for node in program.model.graph.all_nodes()) == model.config.num_hidden_layers
-    other = resized_inputs(exporter.exported_program, inputs)
+    other = resized_inputs(result.exported_program, inputs)
     assert other["input_ids"].shape[1] > inputs["input_ids"].shape[1]
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, other], atol=exporter.default_atol)
     assert [r.ok for r in reports] == [True, True]
@@ -879,8 +885,9 @@ def test_size_outputs_are_not_onnx_outputs(tmp_path: Path) -> None:
     inputs = {"x": torch.randn(2, 3, 8, 10)}
     for dynamic in (False, True):
         exporter = OnnxExporter()
-        program = exporter.export(_ReturnsItsSides(), inputs, OnnxConfig(dynamic=dynamic))
-        kinds = [type(s.arg).__name__ for s in exporter.exported_program.graph_signature.output_specs]
+        result = exporter.run(_ReturnsItsSides(), inputs, OnnxConfig(dynamic=dynamic))
+        program = result.program
+        kinds = [type(s.arg).__name__ for s in result.exported_program.graph_signature.output_specs]
         sides = "SymIntArgument" if dynamic else "ConstantArgument"
         assert kinds == ["TensorArgument", sides, sides, "TensorArgument", "ConstantArgument"]
         assert [o.name for o in program.model.graph.outputs] == ["pooled", "total"]

@@ -132,9 +132,11 @@ def _ops(program) -> Counter:
 def test_levels_on_tiny_bert_match_eager_in_onnxruntime(level: str, tmp_path: Path) -> None:
     model, inputs = _tiny_bert()
     exporter = OnnxExporter()
-    program = exporter.export(model, inputs, OnnxConfig(dynamic=True, optimize=level))
+    result = exporter.run(model, inputs, OnnxConfig(dynamic=True, optimize=level))
+    program = result.program
     ops = _ops(program)
-    assert exporter.optimize_level == level and exporter.optimized == (level != "none")
+    assert exporter.optimize_level == level and result.optimized == (level != "none")
+    assert ("Stage 6: ONNX Runtime fusions" in result.stage_seconds) and ("Stage 7: Quantization" in result.stage_seconds)
     if level == "ort-cpu":
         assert exporter.opset == 22 == program.model.opset_imports[""]
         assert exporter.fusions == {"skip_layer_normalization": 4, "sdpa": 2, "mha2": 2, "mha_bias": 2, "attention": 2, "bias_gelu": 2}

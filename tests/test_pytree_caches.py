@@ -406,8 +406,9 @@ def test_model_returning_its_cache_exports_with_dynamic_shapes(kind):
     model = _tiny_model(kind)
     assert model.config.use_cache
     exporter = DynamoExporter()
-    program = exporter.export(model, _ids(2, 6), DynamoConfig(dynamic=True))
-    assert exporter.static_axes == []
+    result = exporter.run(model, _ids(2, 6), DynamoConfig(dynamic=True))
+    program = result.program
+    assert result.static_axes == []
     for batch, seq in [(2, 6), (3, 9), (1, 5)]:
         assert_matches_eager(model, program, _ids(batch, seq))
 

@@ -62,8 +62,8 @@ class _Recorder:
                     self._record(workaround)
             return chosen
 
-        def install(path, factory):
-            self._record_patch(path, factory.__name__)
+        def install(path, workaround):
+            self._record_patch(path, workaround.name)
             return None  # not installed
 
         def loaded_matches(path):
@@ -81,10 +81,10 @@ class _Recorder:
 
     def _stage(self, real):
         @contextlib.contextmanager
-        def stage(exporter, title):
+        def stage(exporter, title, *timing):
             outer, self.stage = self.stage, title
             try:
-                with real(exporter, title):
+                with real(exporter, title, *timing):
                     yield
             finally:
                 self.stage = outer

@@ -6,6 +6,7 @@ from . import workarounds as _workarounds  # noqa: F401  (registers the built-in
 from .config import DynamoConfig, ExecutorchConfig, OnnxConfig
 from .errors import ExportStageError, HfExportersError, MissingDependencyError, ParityError
 from .exporters.dynamo import DynamoExporter, load_exported_program
+from .exporters.result import ExportResult
 from .registry import (
     apply_fx_node_fixes,
     apply_fx_program_fixes,
@@ -38,6 +39,7 @@ __all__ = [
     "DynamoExporter",
     "ExecutorchConfig",
     "ExecutorchExporter",
+    "ExportResult",
     "ExportStageError",
     "HfExportersError",
     "MissingDependencyError",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import math
@@ -64,6 +65,11 @@ app = _App(
 )
 
 
+class _OnStaticAxis(str, enum.Enum):
+    warn = "warn"
+    error = "error"
+
+
 def _fail(message: str, code: int = 1) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
@@ -100,6 +106,9 @@ def export(
         "--quantize",
         help="onnx: int8-dynamic | int8-static (onnxruntime's quantizer; checked by sentence-embedding accuracy, needs a tokenizer).",
     ),
+    on_static_axis: _OnStaticAxis = typer.Option(
+        "warn", "--on-static-axis", help="With --dynamic, an axis that ends static (fixed by the trace or pinned by a guard): warn | error."
+    ),
 ) -> None:
     """Export a checkpoint with one backend, check it against eager PyTorch, and write the folder.
 
@@ -123,7 +132,10 @@ def export(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         with interrupts.handled():
-            _export(model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights, opset, optimize, quantize)
+            _export(
+                model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights,
+                _OnStaticAxis(on_static_axis).value, opset, optimize, quantize,
+            )
     except interrupts.Interrupted as stop:
         _fail(f"{stop}; nothing was written to {output}", stop.exit_code)
 
@@ -141,6 +153,7 @@ def _export(
     aoti: bool,
     max_seq_len: Optional[int],
     allow_random_weights: bool,
+    on_static_axis: str = "warn",
     opset: Optional[int] = None,
     optimize: Optional[str] = None,
     quantize: Optional[str] = None,
@@ -186,6 +199,7 @@ def _export(
             overwrite=overwrite,
             aoti=aoti,
             max_seq_len=max_seq_len,
+            on_static_axis=on_static_axis,
             opset=opset,
             optimize=optimize,
             quantize=quantize,
@@ -208,8 +222,14 @@ def _export(
         + (f"; max abs diff vs eager {worst:.2e} over {len(manifest['parity'])} input set(s)" if worst is not None else "; not validated")
     )
     if manifest["static_axes"]:
-        axes = ", ".join(f"{a['input']}[{a['axis']}]={a['size']}" for a in manifest["static_axes"])
+        axes = ", ".join(
+            f"{a['input']}[{a['axis']}]={a['size']}" + (f" (guard {a['guard']}" + (f" at {a['source']}" if a.get("source") else "") + ")" if a.get("guard") else "")
+            for a in manifest["static_axes"]
+        )
         typer.echo(f"warning: axes asked to be dynamic ended static: {axes}", err=True)
+    for axis in manifest.get("constrained_axes", []):
+        high = "inf" if axis["high"] is None else axis["high"]
+        typer.echo(f"warning: dynamic axis {axis['input']}[{axis['axis']}] refuses size 1 (accepts {axis['low']}..{high})", err=True)
 
 
 @app.command()

@@ -18,12 +18,21 @@ class DynamoConfig:
         strict: trace with TorchDynamo (``strict=True``) instead of the default non-strict Python trace.
         prefer_deferred_runtime_asserts_over_guards: turn guards that cannot be decided at trace time
             into runtime asserts in the graph instead of failing the export.
+        on_static_axis: what a dynamic export does when an axis asked to be dynamic ends static (its
+            placeholder fixed, or an input guard pinning it to the example's size): ``"warn"`` logs it
+            and records it in ``export.json`` (``static_axes``); ``"error"`` fails the export
+            (ExportStageError at "Stage 4: Dynamic shapes").
     """
 
     dynamic: bool = False
     dynamic_shapes: dict[str, Any] | None = None
     strict: bool = False
     prefer_deferred_runtime_asserts_over_guards: bool = False
+    on_static_axis: str = "warn"
+
+    def __post_init__(self) -> None:
+        if self.on_static_axis not in ("warn", "error"):
+            raise ValueError(f"on_static_axis must be 'warn' or 'error', not {self.on_static_axis!r}")
 
 
 @dataclasses.dataclass

@@ -86,20 +86,25 @@ def make_config(
     dynamic: bool,
     recipe: str | None,
     max_seq_len: int | None = None,
+    on_static_axis: str = "warn",
     *,
     opset: int | None = None,
     optimize: str | None = None,
     quantize: str | None = None,
 ) -> Any:
     """The exporter's config with ``dynamic`` (and, for ExecuTorch, the backend ``recipe`` and the
-    ``max_seq_len`` bound of dynamic axes; for ONNX the ``opset`` and the ``optimize`` level) set.
+    ``max_seq_len`` bound of dynamic axes; for ONNX the ``opset``, the ``optimize`` level and
+    ``quantize``) set; ``on_static_axis`` is ``"warn"`` or ``"error"``.
 
     Raises:
         InputError: ``recipe`` or ``max_seq_len`` for another backend than executorch; ``max_seq_len`` < 2;
-            ``opset``, ``optimize`` or ``quantize`` for another backend than onnx; an unknown level or
-            quantization; ``opset`` outside 18 to the newest onnx and onnxscript support.
+            ``on_static_axis`` neither ``"warn"`` nor ``"error"``; ``opset``, ``optimize`` or
+            ``quantize`` for another backend than onnx; an unknown level or quantization; ``opset``
+            outside 18 to the newest onnx and onnxscript support.
     """
-    config = exporter.config_class(dynamic=dynamic)
+    if on_static_axis not in ("warn", "error"):
+        raise InputError(f"--on-static-axis must be warn or error, got {on_static_axis!r}")
+    config = exporter.config_class(dynamic=dynamic, on_static_axis=on_static_axis)
     if opset is not None or optimize is not None or quantize is not None:
         if not hasattr(config, "opset_version"):
             option = "--opset" if opset is not None else "--optimize" if optimize is not None else "--quantize"
@@ -296,11 +301,17 @@ def export_to_folder(
     overwrite: bool = False,
     aoti: bool = False,
     max_seq_len: int | None = None,
+    on_static_axis: str = "warn",
     opset: int | None = None,
     optimize: str | None = None,
     quantize: str | None = None,
 ) -> dict[str, Any]:
     """Export ``model`` with ``backend`` into the folder ``output`` and return the manifest written there.
+
+    With ``dynamic``, ``export.json`` lists ``static_axes`` (asked to be dynamic, fixed to one size:
+    by the trace or by an input guard, then with the guard and the model line that added it) and
+    ``constrained_axes`` (symbolic, but refusing size 1, with their range); ``on_static_axis="error"``
+    fails the export on a static axis instead of recording it.
 
     ``opset``, ``optimize`` and ``quantize`` (onnx only) set ``OnnxConfig.opset_version``,
     ``OnnxConfig.optimize`` and ``OnnxConfig.quantize``; the manifest records the opset, level,
@@ -327,7 +338,7 @@ def export_to_folder(
     exporter = make_exporter(backend)
     if aoti and backend != "dynamo":
         raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
-    config = make_config(exporter, dynamic, recipe, max_seq_len, opset=opset, optimize=optimize, quantize=quantize)
+    config = make_config(exporter, dynamic, recipe, max_seq_len, on_static_axis, opset=opset, optimize=optimize, quantize=quantize)
     tolerance = exporter.default_atol if atol is None else atol
     sentences = None
     if quantize is not None:
@@ -338,15 +349,16 @@ def export_to_folder(
     manifest: dict[str, Any] = {}
     with staged_folder(out, manifest) as staging:
         started = time.perf_counter()
-        program = exporter.export(model, inputs, config)
+        result = exporter.run(model, inputs, config)
         export_seconds = time.perf_counter() - started
+        program = result.program
         interrupts.check()
         artifact = exporter.save(program, staging)
         model.config.save_pretrained(staging)
         if preprocessor is not None:
             preprocessor.save_pretrained(staging)
 
-        ep = exporter.exported_program
+        ep = result.exported_program
         input_sets = [inputs]
         if dynamic and ep is not None:
             second = resized_inputs(ep, inputs)
@@ -389,8 +401,10 @@ def export_to_folder(
                 "outputs": _outputs_entry(exporter, program, eager_outputs(model, inputs)),
                 "dynamic": dynamic,
                 "dynamic_axes": dynamic_axes(ep, inputs) if ep is not None else {},
-                "static_axes": [{"input": a.input, "axis": a.axis, "size": a.size} for a in exporter.static_axes],
+                "static_axes": [a.as_json() for a in result.static_axes],
+                "constrained_axes": [a.as_json() for a in result.constrained_axes],
                 "export_seconds": round(export_seconds, 3),
+                **result.manifest_entries(),
                 "validated": validate,
                 "atol": tolerance,
                 "parity": parity,

@@ -7,7 +7,7 @@ A workaround is either
   replacement while a block runs and restores the original afterwards, whatever happens in the block;
 * a **fix**: a rewrite of the traced program, not reverted. ``register_fx_node_fix(backend)``
   registers ``fix(graph_module, node) -> bool``; ``register_fx_program_fix(backend)`` registers
-  ``fix(exported_program) -> None``.
+  ``fix(exported_program) -> bool | None`` (False: the program needed nothing).
 
 Backend-specific tables live here too: ONNX translations (aten op -> onnxscript function, passed as
 torch.onnx's custom translation table), ONNX IR fixes (rewrites on the finished ``onnx_ir`` model)
@@ -27,6 +27,11 @@ Every workaround's docstring names the upstream report it works around (a line `
 and when it can go (a line ``Remove when: ...``); ``hf-exporters patches`` lists both, and a test
 refuses a workaround without them.
 
+What fired: :func:`recording_fired` collects, for one export, the workarounds that acted: a patch
+whose replacement was called, an FX node fix that consumed a node, a program fix that changed the
+program (or did not say), and what the exporters report through :func:`record_fired` (ONNX IR fixes
+that changed nodes, translations whose op the lowered graph holds).
+
 Thread safety: patches swap process-wide attributes (``torch.where``, a model class's method), so
 two exports in different threads would see each other's patches. :func:`export_lock` is one
 process-wide re-entrant lock; :func:`apply_patches` holds it for its whole block, and the exporters
@@ -38,6 +43,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import functools
 import importlib
 import inspect
 import operator
@@ -57,6 +63,8 @@ __all__ = [
     "apply_patches",
     "export_lock",
     "list_workarounds",
+    "record_fired",
+    "recording_fired",
     "models_line_names",
     "register_executorch_backend",
     "register_fx_node_fix",
@@ -291,6 +299,60 @@ def export_lock() -> Iterator[None]:
         yield
 
 
+# ── What fired ───────────────────────────────────────────────────────────────
+
+#: the open :func:`recording_fired` lists, outermost first (an export nested in another records in both)
+_RECORDERS: list[list[Workaround]] = []
+
+
+@contextlib.contextmanager
+def recording_fired() -> Iterator[list[Workaround]]:
+    """Collect the workarounds that act while the block runs, in the order they first act (each once).
+
+    Yields the list, filled as the block runs: patches whose replacement was called, FX node fixes
+    that consumed a node, program fixes that changed the program (or returned None), and whatever the
+    exporters pass to :func:`record_fired`. Blocks nest: a workaround is recorded in every open one.
+    A replacement called while TorchDynamo traces it (``strict=True``) is not recorded.
+    """
+    fired: list[Workaround] = []
+    _RECORDERS.append(fired)
+    try:
+        yield fired
+    finally:
+        for index in range(len(_RECORDERS) - 1, -1, -1):
+            if _RECORDERS[index] is fired:
+                del _RECORDERS[index]
+                break
+
+
+def record_fired(workaround: Workaround) -> None:
+    """Record ``workaround`` as having acted, in every open :func:`recording_fired` block."""
+    for fired in _RECORDERS:
+        if not any(w is workaround for w in fired):
+            fired.append(workaround)
+
+
+def _dynamo_tracing() -> bool:
+    import torch
+
+    return torch.compiler.is_dynamo_compiling()
+
+
+def _recorded(replacement: Any, workaround: Workaround) -> Any:
+    """``replacement`` (a patch's) wrapped so that a call records ``workaround``; a replacement that is
+    not a plain function (a class, a property, a constant) is returned as it is."""
+    if not inspect.isfunction(replacement):
+        return replacement
+
+    @functools.wraps(replacement)
+    def called(*args: Any, **kwargs: Any) -> Any:
+        if _RECORDERS and not _dynamo_tracing():
+            record_fired(workaround)
+        return replacement(*args, **kwargs)
+
+    return called
+
+
 # ── Patches ──────────────────────────────────────────────────────────────────
 
 
@@ -403,7 +465,7 @@ def _loaded_matches(path: str) -> list[str]:
     return [f"{name}.{attribute}" for name in sorted(sys.modules) if pattern.fullmatch(name)]
 
 
-def _install(path: str, factory: Callable[..., Any]) -> _Installed | None:
+def _install(path: str, workaround: Workaround) -> _Installed | None:
     owner_path, _, attribute = path.rpartition(".")
     try:
         owner = sys.modules.get(owner_path) or resolve_dotted_path(owner_path)
@@ -423,7 +485,7 @@ def _install(path: str, factory: Callable[..., Any]) -> _Installed | None:
             )
         return None
     installed = _Installed(owner, attribute)
-    replacement = factory(original)
+    replacement = _recorded(workaround.func(original), workaround)
     if inspect.isclass(owner):
         raw = inspect.getattr_static(owner, attribute)
         if isinstance(raw, staticmethod):
@@ -464,13 +526,13 @@ def apply_patches(
                         module = sys.modules.get(path.rpartition(".")[0])
                         if not inspect.ismodule(module) or not (hasattr(module, attribute) or hasattr(builtins, attribute)):
                             continue  # a placeholder entry, or a module without the attribute: nothing to patch
-                        done = _install(path, workaround.func)
+                        done = _install(path, workaround)
                         if done is not None:
                             installed.append(done)
                     continue
                 if workaround.loaded_only and not _module_loaded(workaround.target):
                     continue
-                done = _install(workaround.target, workaround.func)
+                done = _install(workaround.target, workaround)
                 if done is not None:
                     installed.append(done)
             yield [f"{getattr(i.owner, '__name__', type(i.owner).__name__)}.{i.attribute}" for i in installed]
@@ -498,8 +560,9 @@ def register_fx_node_fix(backend: str) -> Callable[[Callable[..., bool]], Callab
 
 
 def register_fx_program_fix(backend: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Register ``fix(exported_program) -> None`` for ``backend``: a repair that needs the whole program
-    (range constraints, the graph signature, the state dict)."""
+    """Register ``fix(exported_program) -> bool | None`` for ``backend``: a repair that needs the whole
+    program (range constraints, the graph signature, the state dict). It returns False when it left
+    the program as it was, True when it changed it (None counts as changed: it is recorded as fired)."""
 
     def decorator(fix: Callable[..., None]) -> Callable[..., None]:
         _REGISTRY.append(Workaround("fx_program_fix", backend, fix.__name__, fix))
@@ -519,17 +582,19 @@ def apply_fx_node_fixes(backend: str, graph_module: Any, stage: str | None = Non
     registered for ``backend`` (declared for ``stage`` when given), then eliminate dead code and
     recompile each graph.
 
-    Returns the number of nodes a fix consumed.
+    Returns the number of nodes a fix consumed; a fix that consumed one is recorded as fired
+    (:func:`recording_fired`).
     """
-    fixes = [w.func for w in _select("fx_node_fix", backend, stage)]
+    fixes = _select("fx_node_fix", backend, stage)
     consumed = 0
     for gm in _graph_modules(graph_module):
         for node in list(gm.graph.nodes):
             if node.op != "call_function" or node.graph is not gm.graph or getattr(node, "_erased", False):
                 continue  # a node an earlier fix erased is not offered
             for fix in fixes:
-                if fix(gm, node):
+                if fix.func(gm, node):
                     consumed += 1
+                    record_fired(fix)
                     break
         gm.graph.eliminate_dead_code()
         gm.recompile()
@@ -540,10 +605,12 @@ def apply_fx_program_fixes(backend: str, exported_program: Any, stage: str | Non
     """Run every program fix registered for ``backend`` (declared for ``stage`` when given) on
     ``exported_program`` (in place).
 
-    Returns how many fixes ran."""
-    fixes = [w.func for w in _select("fx_program_fix", backend, stage)]
+    Returns how many fixes ran. A fix that did not return False is recorded as fired
+    (:func:`recording_fired`)."""
+    fixes = _select("fx_program_fix", backend, stage)
     for fix in fixes:
-        fix(exported_program)
+        if fix.func(exported_program) is not False:
+            record_fired(fix)
     return len(fixes)
 
 
@@ -566,15 +633,12 @@ def register_onnx_translation(*aten_ops: str) -> Callable[[Callable[..., Any]], 
     return decorator
 
 
-def onnx_translation_table(stage: str | None = None) -> dict[Any, Callable[..., Any] | list[Callable[..., Any]]]:
-    """torch.onnx's ``custom_translation_table``: ``{torch op overload: onnxscript function(s)}``, of
-    the translations declared for ``stage`` when given.
-
-    Several functions for one op are passed as a list: torch.onnx dispatches on input types.
-    """
+def onnx_translations(stage: str | None = None) -> list[tuple[Any, Workaround]]:
+    """``(torch op overload, its translation's Workaround)`` for every ONNX translation declared for
+    ``stage`` (when given) whose op resolves in the loaded libraries, in registration order."""
     import torch
 
-    table: dict[Any, list[Callable[..., Any]]] = {}
+    found = []
     for workaround in _select("onnx_translation", "onnx", stage):
         namespace, _, rest = workaround.target.partition("::")
         name, _, overload = rest.partition(".")
@@ -585,6 +649,18 @@ def onnx_translation_table(stage: str | None = None) -> dict[Any, Callable[..., 
                 op = getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")
         except (AttributeError, RuntimeError):
             continue  # the op's library is not loaded, so no traced node can use it
+        found.append((op, workaround))
+    return found
+
+
+def onnx_translation_table(stage: str | None = None) -> dict[Any, Callable[..., Any] | list[Callable[..., Any]]]:
+    """torch.onnx's ``custom_translation_table``: ``{torch op overload: onnxscript function(s)}``, of
+    the translations declared for ``stage`` when given.
+
+    Several functions for one op are passed as a list: torch.onnx dispatches on input types.
+    """
+    table: dict[Any, list[Callable[..., Any]]] = {}
+    for op, workaround in onnx_translations(stage):
         table.setdefault(op, []).append(workaround.func)
     return {op: funcs[0] if len(funcs) == 1 else funcs for op, funcs in table.items()}
 
@@ -596,9 +672,10 @@ def register_onnx_ir_fix(func: Callable[..., int]) -> Callable[..., int]:
     return func
 
 
-def onnx_ir_fixes(stage: str | None = None) -> list[Callable[..., int]]:
-    """The registered ONNX IR fixes (declared for ``stage`` when given), in registration order."""
-    return [w.func for w in _select("onnx_ir_fix", "onnx", stage)]
+def onnx_ir_fixes(stage: str | None = None) -> list[Workaround]:
+    """The registered ONNX IR fixes (declared for ``stage`` when given), in registration order; each
+    one's ``func`` is the fix."""
+    return _select("onnx_ir_fix", "onnx", stage)
 
 
 # ── ExecuTorch backend preparation ───────────────────────────────────────────

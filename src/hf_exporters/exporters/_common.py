@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import time
 import traceback
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -137,11 +138,18 @@ def first_line(error: BaseException, limit: int = 400) -> str:
 
 
 @contextlib.contextmanager
-def stage(exporter: str, title: str) -> Iterator[None]:
-    """Attribute any exception raised in the block to ``title`` of ``exporter`` (an ExportStageError)."""
+def stage(exporter: str, title: str, seconds: dict[str, float] | None = None) -> Iterator[None]:
+    """Attribute any exception raised in the block to ``title`` of ``exporter`` (an ExportStageError).
+
+    With ``seconds``, the block's wall time in seconds is added to ``seconds[title]`` (also when it raises).
+    """
+    started = time.perf_counter()
     try:
         yield
     except ExportStageError:
         raise
     except Exception as error:  # noqa: BLE001 - every failure is reported with its stage
         raise ExportStageError(exporter, title, first_line(error), blamed_line(error)) from error
+    finally:
+        if seconds is not None:
+            seconds[title] = seconds.get(title, 0.0) + time.perf_counter() - started

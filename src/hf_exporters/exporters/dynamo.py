@@ -13,18 +13,20 @@ import torch
 
 from .. import registry
 from ..config import DynamoConfig
+from ..errors import ExportStageError
 from ..folders import AOTI_SUFFIX
 from ..pytree import materialize_caches, register_model_pytrees
 from ..runtime.torch_runner import ExportedProgramRunner
-from ..shapes import StaticAxis, auto_dynamic_shapes, size_oblivious_sizes, static_axes
+from ..shapes import auto_dynamic_shapes, axis_report, recorded_guards
 from ._common import (
     cleared_model_state,
-    clone_inputs,
     first_line,
     flat_forward_signature,
     normalize_inputs,
     stage,
 )
+from .capture import capture, strategies_for
+from .result import ExportResult
 
 logger = logging.getLogger("hf_exporters")
 
@@ -66,23 +68,10 @@ def load_exported_program(path: str | os.PathLike[str], model_class: str | None 
         return torch.export.load(str(path))
 
 
-def _is_data_dependent(error: BaseException) -> bool:
-    """Whether ``error``, or an error it was raised from, is a guard on data (``GuardOnDataDependentSymNode``)."""
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    seen = 0
-    while error is not None and seen < 50:
-        if isinstance(error, GuardOnDataDependentSymNode) or "data-dependent expression" in str(error):
-            return True
-        error = error.__cause__ or error.__context__
-        seen += 1
-    return False
-
-
 class DynamoExporter:
     """Export a model with ``torch.export`` and the project's workarounds.
 
-    ``export()`` reads as five stages, each one context that stays open for the trace:
+    ``run()`` reads as five stages, each one context that stays open for the trace:
 
     1. Forward signature patch: ``model.forward`` takes the inputs' names explicitly.
     2. Model patches: the patches registered for ``"dynamo"`` (every one is declared for this stage).
@@ -90,12 +79,22 @@ class DynamoExporter:
     4. Dynamic shapes: ``Dim.AUTO`` on every tensor axis when ``config.dynamic``.
     5. State cleanup: attributes a forward caches on modules are cleared for the trace.
 
-    After the trace, :attr:`static_axes` lists every axis that was asked to be dynamic and ended static.
+    Then the trace: the capture strategies of :mod:`~hf_exporters.exporters.capture`, tried in order.
+    The result's ``static_axes`` lists every axis asked to be dynamic that ended static (its
+    placeholder shows a number, or an input guard pins it to the example's size: the guard and the
+    model line that added it are named), ``constrained_axes`` every one that stayed symbolic but
+    refuses size 1; ``config.on_static_axis`` says whether a static axis is a warning (the default)
+    or an error.
+    ``run()`` returns an :class:`~hf_exporters.ExportResult` (the program, the dynamic shapes used, the
+    axes that ended static, the capture strategy, the workarounds that fired, stage times);
+    ``export()`` returns its program. The exporter keeps no state between exports.
 
     Example::
 
         ep = DynamoExporter().export(model, tokenizer(["hi"], return_tensors="pt"), DynamoConfig(dynamic=True))
         ep.module()(**inputs)
+        result = DynamoExporter().run(model, inputs, DynamoConfig(dynamic=True))
+        result.static_axes, result.stage_seconds
     """
 
     name = "dynamo"
@@ -104,14 +103,6 @@ class DynamoExporter:
     artifact_name = "model.pt2"
     #: default parity tolerance (max abs diff, float32) in the artifact's runtime
     default_atol = 1e-4
-
-    def __init__(self) -> None:
-        self.static_axes: list[StaticAxis] = []
-        self.dynamic_shapes: Any = None
-        #: whether the last dynamic trace ran under size-oblivious reasoning (False after the plain retry)
-        self.size_oblivious = False
-        #: the ExportedProgram of the last export (the traced graph every backend starts from)
-        self.exported_program: torch.export.ExportedProgram | None = None
 
     def graph_output_names(self, program: Any) -> list[str] | None:
         """The artifact's own names of its outputs, in order, where they differ from the model's
@@ -147,7 +138,6 @@ class DynamoExporter:
         Needs the program's example inputs (kept by :meth:`export`) and a C++ compiler (g++) at
         export time. Dynamic axes stay dynamic. Raises ExportStageError ("AOTInductor compile").
         """
-        from ..errors import ExportStageError
         from ._common import blamed_line
 
         target = Path(path)
@@ -159,61 +149,8 @@ class DynamoExporter:
             raise ExportStageError(self.name, "AOTInductor compile", first_line(error), blamed_line(error)) from error
         return target
 
-    def _trace(self, model: torch.nn.Module, inputs: Mapping[str, Any], dynamic_shapes: Any, config: DynamoConfig) -> torch.export.ExportedProgram:
-        """``torch.export.export`` of ``model(**inputs)``; with dynamic shapes, under size-oblivious reasoning
-        (:func:`~hf_exporters.shapes.size_oblivious_sizes`), so an example size of 0 or 1 does not pin
-        its axis. Size-oblivious reasoning also assumes a computed size is never 1, so a model that
-        broadcasts a size the config fixes (SegGPT reshapes its config-sized patch mask to
-        ``(-1, patch_height, patch_width, 1)`` and broadcasts the leading 1 over the batch) fails the
-        broadcast check; such a trace is tried once more with plain reasoning, which guards the sizes
-        instead (the axes it pins are reported in :attr:`static_axes`, and :attr:`size_oblivious` is
-        False so that a later lowering re-traces the same way). A data-dependent guard is not
-        retried; when the retry fails too, the first error is raised with a note naming the second.
-        Guards torch's constraint solver cannot solve are left to
-        ``_patch_dim_constraints_skip_unsolvable`` (a workaround of the registry).
-
-        Raises:
-            Exception: whatever ``torch.export.export`` raises.
-        """
-
-        def trace() -> torch.export.ExportedProgram:
-            return torch.export.export(
-                model,
-                args=(),
-                kwargs=clone_inputs(inputs),
-                dynamic_shapes=dynamic_shapes,
-                strict=config.strict,
-                prefer_deferred_runtime_asserts_over_guards=config.prefer_deferred_runtime_asserts_over_guards,
-            )
-
-        self.size_oblivious = dynamic_shapes is not None
-        if dynamic_shapes is None:
-            return trace()
-        try:
-            with size_oblivious_sizes():
-                return trace()
-        except Exception as oblivious_error:
-            if _is_data_dependent(oblivious_error):
-                raise  # a guard on data, not on sizes: tracing again cannot help
-            retry_error = None
-            try:
-                with cleared_model_state(model):  # nothing the failed trace cached reaches the retry
-                    program = trace()
-            except Exception as error:
-                retry_error = first_line(error)
-            if retry_error is not None:
-                oblivious_error.add_note(f"traced again with plain size reasoning, it failed too: {retry_error}")
-                raise
-            self.size_oblivious = False
-            logger.info(
-                "%s: traced with plain size reasoning after size-oblivious reasoning failed (%s)",
-                type(model).__name__,
-                first_line(oblivious_error),
-            )
-            return program
-
     def export(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: DynamoConfig | None = None) -> torch.export.ExportedProgram:
-        """Trace ``model`` called as ``model(**inputs)``.
+        """Trace ``model`` called as ``model(**inputs)``: ``run(model, inputs, config).program``.
 
         Args:
             model: a ``torch.nn.Module`` (a transformers ``PreTrainedModel``), put in eval mode.
@@ -227,44 +164,94 @@ class DynamoExporter:
             ExportStageError: a stage or the trace failed; the message names the stage and, for a
                 trace failure, the model source line torch.export stopped on.
         """
+        return self.run(model, inputs, config).program
+
+    def run(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: DynamoConfig | None = None) -> ExportResult:
+        """Trace ``model`` called as ``model(**inputs)`` and report how.
+
+        Args:
+            model: a ``torch.nn.Module`` (a transformers ``PreTrainedModel``), put in eval mode.
+            inputs: forward keyword arguments: tensors of shape ``(batch, sequence, ...)``, caches, scalars.
+            config: a :class:`DynamoConfig`; defaults to a static export.
+
+        Returns:
+            an :class:`~hf_exporters.ExportResult` whose ``program`` and ``exported_program`` are the
+            ``ExportedProgram``; ``stage_seconds`` has one entry per stage and
+            ``trace (torch.export.export)``.
+
+        Raises:
+            ExportStageError: a stage or the trace failed; the message names the stage and, for a
+                trace failure, the model source line torch.export stopped on. When every capture
+                strategy failed, the first one's error is reported, with a note naming the others'.
+        """
         config = config or DynamoConfig()
         inputs = normalize_inputs(inputs)
         model.eval()
-        with registry.export_lock(), torch.no_grad(), contextlib.ExitStack() as stack:
+        seconds: dict[str, float] = {}
+        with registry.export_lock(), registry.recording_fired() as fired, torch.no_grad(), contextlib.ExitStack() as stack:
             # ── Stage 1: Forward signature patch ──
-            with stage(self.name, "Stage 1: Forward signature patch"):
+            with stage(self.name, "Stage 1: Forward signature patch", seconds):
                 stack.enter_context(flat_forward_signature(model, list(inputs)))
 
             # ── Stage 2: Model patches ──
-            with stage(self.name, "Stage 2: Model patches"):
+            with stage(self.name, "Stage 2: Model patches", seconds):
                 stack.enter_context(registry.apply_patches("dynamo", stage="Stage 2: Model patches"))
 
             # ── Stage 3: Pytree registration ──
-            with stage(self.name, "Stage 3: Pytree registration"):
+            with stage(self.name, "Stage 3: Pytree registration", seconds):
                 register_model_pytrees(model, inputs)
                 materialize_caches(model, inputs)
 
             # ── Stage 4: Dynamic shapes ──
-            with stage(self.name, "Stage 4: Dynamic shapes"):
+            with stage(self.name, "Stage 4: Dynamic shapes", seconds):
                 dynamic_shapes = config.dynamic_shapes
                 if dynamic_shapes is None and config.dynamic:
                     dynamic_shapes = auto_dynamic_shapes(inputs)
-                self.dynamic_shapes = dynamic_shapes
 
             # ── Stage 5: State cleanup ──
-            with stage(self.name, "Stage 5: State cleanup"):
+            with stage(self.name, "Stage 5: State cleanup", seconds):
                 stack.enter_context(cleared_model_state(model))
 
-            with stage(self.name, "trace (torch.export.export)"):
-                exported = self._trace(model, inputs, dynamic_shapes, config)
+            with stage(self.name, TRACE, seconds), recorded_guards() as guards:
+                captured, failed = capture(model, inputs, dynamic_shapes, config, strategies_for(dynamic_shapes))
 
-        self.exported_program = exported
-        self.static_axes = static_axes(exported, inputs, dynamic_shapes) if dynamic_shapes is not None else []
-        if self.static_axes:
+        exported = captured.program
+        fixed, constrained = axis_report(exported, inputs, dynamic_shapes, guards) if dynamic_shapes is not None else ([], [])
+        if fixed:
+            listing = ", ".join(map(str, fixed))
+            if config.on_static_axis == "error":
+                raise ExportStageError(
+                    self.name,
+                    "Stage 4: Dynamic shapes",
+                    f"{len(fixed)} axis/axes asked to be dynamic ended static (the program accepts only "
+                    f"these sizes): {listing}; export with an example of other sizes, or on_static_axis='warn'",
+                )
             logger.warning(
                 "%s: %d axis/axes asked to be dynamic ended static (the program accepts only these sizes): %s",
                 type(model).__name__,
-                len(self.static_axes),
-                ", ".join(map(str, self.static_axes)),
+                len(fixed),
+                listing,
             )
-        return exported
+        if constrained:
+            logger.warning(
+                "%s: %d dynamic axis/axes refuse size 1: %s",
+                type(model).__name__,
+                len(constrained),
+                ", ".join(map(str, constrained)),
+            )
+        return ExportResult(
+            program=exported,
+            exported_program=exported,
+            dynamic_shapes=dynamic_shapes,
+            static_axes=fixed,
+            constrained_axes=constrained,
+            capture_strategy=captured.strategy,
+            capture_errors=[(f.strategy, f.error) for f in failed],
+            size_oblivious=captured.size_oblivious,
+            workarounds_fired=list(fired),
+            stage_seconds=seconds,
+        )
+
+
+#: the stage title of the trace (the capture strategies), in errors and ``stage_seconds``
+TRACE = "trace (torch.export.export)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,13 +16,12 @@ from ..config import ExecutorchConfig
 from ..deps import require
 from ..errors import InputError
 from ..pytree import register_model_pytrees
+from ..runtime.et_runner import INPUT_MUTATIONS_METHOD
 from ..shapes import size_oblivious_sizes
 from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
 from ._common import normalize_inputs, stage
 from .dynamo import DynamoExporter
-
-
-from ..runtime.et_runner import INPUT_MUTATIONS_METHOD
+from .result import ExportResult, trace_stage_seconds
 
 
 def _input_mutation_outputs(exported: torch.export.ExportedProgram) -> int:
@@ -71,10 +71,25 @@ class ExecutorchExporter(DynamoExporter):
         return ExecutorchRunner(path)
 
     def export(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: ExecutorchConfig | None = None) -> Any:
-        """Trace ``model(**inputs)`` and lower it to an ExecuTorch program for ``config.backend``.
+        """Trace ``model(**inputs)`` and lower it to an ExecuTorch program: ``run(model, inputs, config).program``.
 
         Returns:
             the ``ExecutorchProgramManager``; its ``buffer`` is the ``.pte`` file's content.
+
+        Raises:
+            MissingDependencyError: executorch is not installed.
+            ExportStageError: a stage, the trace or the lowering failed; the message names it.
+        """
+        return self.run(model, inputs, config).program
+
+    def run(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: ExecutorchConfig | None = None) -> ExportResult:
+        """Trace ``model(**inputs)``, lower it to an ExecuTorch program for ``config.backend`` and report how.
+
+        Returns:
+            an :class:`~hf_exporters.ExportResult`: ``program`` is the ``ExecutorchProgramManager``,
+            ``exported_program`` the trace as the Stage 4 and 5 fixes left it, ``partitions`` the number
+            of delegated partitions of each method; ``stage_seconds`` lists the five stages, the trace's
+            dynamo stages (``dynamo: Stage N: ...``), the trace, the lowering and the serialisation.
 
         Raises:
             MissingDependencyError: executorch is not installed.
@@ -84,9 +99,10 @@ class ExecutorchExporter(DynamoExporter):
         exir = require("executorch.exir", "The ExecuTorch exporter")
         inputs = normalize_inputs(inputs)
         scope = f"executorch.{config.backend}"
-        with registry.export_lock(), contextlib.ExitStack() as stack:
+        seconds: dict[str, float] = {}
+        with registry.export_lock(), registry.recording_fired() as fired, contextlib.ExitStack() as stack:
             # ── Stage 1: Backend preparation ──
-            with stage(self.name, "Stage 1: Backend preparation"):
+            with stage(self.name, "Stage 1: Backend preparation", seconds):
                 backends = registry.executorch_backends()
                 if config.backend not in backends:
                     raise InputError(
@@ -94,30 +110,32 @@ class ExecutorchExporter(DynamoExporter):
                     )
                 model, inputs, partitioners = backends[config.backend](model, inputs)
 
-            # ── Stage 2: Torch patches ──
-            with stage(self.name, "Stage 2: Torch patches"):
-                torch_patches = registry.apply_patches(scope, stage="Stage 2: Torch patches")
-                with torch_patches:
-                    exported = super().export(model, inputs, config)
+            with contextlib.ExitStack() as trace_patches:  # the Stage 2 patches: for the trace only
+                # ── Stage 2: Torch patches ──
+                with stage(self.name, "Stage 2: Torch patches", seconds):
+                    trace_patches.enter_context(registry.apply_patches(scope, stage="Stage 2: Torch patches"))
+                traced = super().run(model, inputs, config)
+            seconds.update(trace_stage_seconds(traced))
+            exported = traced.exported_program
 
             # ── Stage 3: ExecuTorch patches ──
-            with stage(self.name, "Stage 3: ExecuTorch patches"):
+            with stage(self.name, "Stage 3: ExecuTorch patches", seconds):
                 stack.enter_context(registry.apply_patches(scope, stage="Stage 3: ExecuTorch patches"))
 
             # ── Stage 4: FX program fixes ──
-            with stage(self.name, "Stage 4: FX program fixes"), dynamic_dim_max(config.max_seq_len):
+            with stage(self.name, "Stage 4: FX program fixes", seconds), dynamic_dim_max(config.max_seq_len):
                 registry.apply_fx_program_fixes(scope, exported, stage="Stage 4: FX program fixes")
 
             # ── Stage 5: FX node fixes ──
-            with stage(self.name, "Stage 5: FX node fixes"):
+            with stage(self.name, "Stage 5: FX node fixes", seconds):
                 registry.apply_fx_node_fixes(scope, exported.graph_module, stage="Stage 5: FX node fixes")
 
-            if self.dynamic_shapes is not None and self.size_oblivious:
+            if traced.dynamic_shapes is not None and traced.size_oblivious:
                 # The lowering re-traces the program (run_decompositions); sizes traced from an
                 # example of 0 or 1 must stay symbolic there too, as in the trace (and plain when
                 # the trace fell back to plain reasoning).
                 stack.enter_context(size_oblivious_sizes())
-            with stage(self.name, "lowering (to_edge_transform_and_lower)"):
+            with stage(self.name, LOWERING, seconds):
                 edge = exir.to_edge_transform_and_lower(
                     exported,
                     partitioner=partitioners or None,
@@ -126,6 +144,35 @@ class ExecutorchExporter(DynamoExporter):
                 # Functionalisation in the lowering turns in-place cache updates into user-input
                 # mutations, which ExecuTorch returns before the model outputs: record how many.
                 edge._config_methods[INPUT_MUTATIONS_METHOD] = _input_mutation_outputs(edge.exported_program())
-            with stage(self.name, "serialisation (to_executorch)"):
+            with stage(self.name, SERIALISATION, seconds):
                 manager = edge.to_executorch()
-        return manager
+        return dataclasses.replace(
+            traced,
+            program=manager,
+            workarounds_fired=list(fired),
+            stage_seconds=seconds,
+            partitions=delegated_partitions(manager),
+        )
+
+
+#: stage titles of the lowering and the serialisation, in errors and ``stage_seconds``
+LOWERING = "lowering (to_edge_transform_and_lower)"
+SERIALISATION = "serialisation (to_executorch)"
+
+
+def delegated_partitions(manager: Any) -> dict[str, int]:
+    """Method name -> the number of delegated partitions in its lowered program: the delegate call
+    nodes (``executorch_call_delegate``) of its graph and nested subgraphs. 0 for a method that runs
+    on portable kernels alone."""
+    from executorch.exir.delegate import executorch_call_delegate
+
+    counts = {}
+    for method in sorted(manager.methods):
+        program = manager.exported_program(method)
+        counts[method] = sum(
+            node.op == "call_function" and node.target is executorch_call_delegate
+            for module in program.graph_module.modules()
+            if isinstance(module, torch.fx.GraphModule)
+            for node in module.graph.nodes
+        )
+    return counts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -22,6 +23,7 @@ from ._common import blamed_line, first_line, normalize_inputs, stage
 from .dynamo import DynamoExporter
 from .onnx_optimize import default_opset, fuse_for_onnxruntime, newest_opset, optimize_level
 from .onnx_quantize import check_quantize, quantize_model
+from .result import ExportResult, trace_stage_seconds
 
 logger = logging.getLogger("hf_exporters")
 
@@ -66,7 +68,7 @@ def _check_onnx_internals() -> None:
 class OnnxExporter(DynamoExporter):
     """Export a model to ONNX: the DynamoExporter trace, then ``torch.onnx.export`` with the project's workarounds.
 
-    ``export()`` reads as five stages around ``torch.onnx.export``; each applies the workarounds
+    ``run()`` reads as seven stages around ``torch.onnx.export``; each applies the workarounds
     registered for ``"onnx"`` with that stage (``Workaround.stage``, declared at registration):
 
     1. Torch patches: patches on torch ops, active for the trace and the lowering.
@@ -93,22 +95,19 @@ class OnnxExporter(DynamoExporter):
 
     def __init__(self) -> None:
         super().__init__()
+        #: the config of the last export, read by :meth:`save` (``external_data``)
         self.config: OnnxConfig | None = None
-        #: whether the onnxscript optimizer ran in the last export
-        self.optimized: bool = False
-        #: the optimisation level (``none``, ``default``, ``ort-cpu``) and opset of the last export
+        #: the optimisation level (``none``, ``default``, ``ort-cpu``), opset, onnxruntime fusions applied
+        #: in Stage 6 (fusion name -> count) and nodes the IR fixes changed, of the last export
         self.optimize_level: str = "default"
         self.opset: int | None = None
-        #: onnxruntime fusions applied in Stage 6 (fusion name -> count)
         self.fusions: dict[str, int] = {}
-        #: nodes rewritten by the FX node fixes (traced graph + decomposed graph) and the IR fixes
-        self.fx_fixes_applied: int = 0
         self.ir_fixes_applied: int = 0
 
     # ── Export ────────────────────────────────────────────────────────────────
 
     def export(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: OnnxConfig | None = None) -> Any:
-        """Export ``model`` called as ``model(**inputs)`` to ONNX.
+        """Export ``model`` called as ``model(**inputs)`` to ONNX: ``run(model, inputs, config).program``.
 
         Returns:
             the ``torch.onnx.ONNXProgram``; ``.save(path)`` writes it, ``.model`` is its ``onnx_ir`` model.
@@ -118,10 +117,27 @@ class OnnxExporter(DynamoExporter):
             InputError: ``config.optimize`` names no optimisation level, ``config.quantize`` no mode.
             ExportStageError: a stage, the trace or the lowering failed.
         """
+        return self.run(model, inputs, config).program
+
+    def run(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: OnnxConfig | None = None) -> ExportResult:
+        """Export ``model`` called as ``model(**inputs)`` to ONNX and report how.
+
+        Returns:
+            an :class:`~hf_exporters.ExportResult`: ``program`` is the ``torch.onnx.ONNXProgram``,
+            ``exported_program`` the trace as the Stage 3 fixes left it; ``optimized``,
+            ``fx_fixes_applied`` and ``ir_fixes_applied`` are set; ``stage_seconds`` lists the seven
+            stages, the trace's dynamo stages (``dynamo: Stage N: ...``), the trace, the lowering,
+            ``output names`` and, with ``config.output_path``, ``save``.
+
+        Raises:
+            MissingDependencyError: onnx, onnxscript, onnx-ir or onnxruntime is not installed.
+            ExportStageError: a stage, the trace or the lowering failed.
+        """
         _require_onnx_stack()
         config = config or OnnxConfig()
         self.config = config
         inputs = normalize_inputs(inputs)
+        seconds: dict[str, float] = {}
         model_class = type(model).__name__
         level = optimize_level(config.optimize)
         check_quantize(config.quantize)
@@ -129,72 +145,87 @@ class OnnxExporter(DynamoExporter):
             level = "none"
             logger.warning("%s: onnxscript optimizer turned off: %s", model_class, ONNX_DISABLE_OPTIMIZE[model_class])
         self.optimize_level = level
-        self.optimized = optimize = level != "none"
+        optimize = level != "none"
         opset = config.opset_version if config.opset_version is not None else default_opset(level, newest_opset())
         self.opset = opset
         self.fusions = {}
+        fx_fixes = [0]  # nodes the FX node fixes consumed, in Stage 3 and after the decomposition
 
-        with registry.export_lock(), contextlib.ExitStack() as stack:
-            # ── Stage 1: Torch patches ──
-            with stage(self.name, "Stage 1: Torch patches"):
-                stack.enter_context(registry.apply_patches("onnx", stage="Stage 1: Torch patches"))
-            exported = super().export(model, inputs, config)
+        with registry.export_lock(), registry.recording_fired() as fired:
+            with contextlib.ExitStack() as stack:  # the Stage 1 and 2 patches: for the trace and the lowering
+                # ── Stage 1: Torch patches ──
+                with stage(self.name, "Stage 1: Torch patches", seconds):
+                    stack.enter_context(registry.apply_patches("onnx", stage="Stage 1: Torch patches"))
+                traced = super().run(model, inputs, config)
+                seconds.update(trace_stage_seconds(traced))
+                exported = traced.exported_program
 
-            # ── Stage 2: ONNX patches ──
-            with stage(self.name, "Stage 2: ONNX patches"):
-                _check_onnx_internals()
-                stack.enter_context(registry.apply_patches("onnx", stage="Stage 2: ONNX patches"))
+                # ── Stage 2: ONNX patches ──
+                with stage(self.name, "Stage 2: ONNX patches", seconds):
+                    _check_onnx_internals()
+                    stack.enter_context(registry.apply_patches("onnx", stage="Stage 2: ONNX patches"))
 
-            # ── Stage 3: FX node fixes ──
-            with stage(self.name, "Stage 3: FX node fixes"):
-                self.fx_fixes_applied = registry.apply_fx_node_fixes("onnx", exported.graph_module, stage="Stage 3: FX node fixes")
+                # ── Stage 3: FX node fixes ──
+                with stage(self.name, "Stage 3: FX node fixes", seconds):
+                    fx_fixes[0] = registry.apply_fx_node_fixes("onnx", exported.graph_module, stage="Stage 3: FX node fixes")
 
-            # ── Stage 4: ONNX translations ──
-            with stage(self.name, "Stage 4: ONNX translations"):
-                _load_custom_op_namespaces()
-                table = registry.onnx_translation_table(stage="Stage 4: ONNX translations")
-                for op, funcs in table.items():
-                    if isinstance(funcs, list):  # torch.onnx takes one function per op
-                        raise TypeError(f"more than one ONNX translation registered for {op}: {[f.__name__ for f in funcs]}")
+                # ── Stage 4: ONNX translations ──
+                with stage(self.name, "Stage 4: ONNX translations", seconds):
+                    _load_custom_op_namespaces()
+                    translations = registry.onnx_translations(stage="Stage 4: ONNX translations")
+                    table = registry.onnx_translation_table(stage="Stage 4: ONNX translations")
+                    for op, funcs in table.items():
+                        if isinstance(funcs, list):  # torch.onnx takes one function per op
+                            raise TypeError(f"more than one ONNX translation registered for {op}: {[f.__name__ for f in funcs]}")
 
-            with stage(self.name, LOWERING), _counting_decomposition_fixes(self):
-                try:
-                    program = torch.onnx.export(
-                        exported,
-                        (),
-                        kwargs=None,
-                        dynamo=True,
-                        opset_version=opset,
-                        custom_translation_table=table,
-                        optimize=optimize,
-                        external_data=config.external_data,
-                        verbose=False,
-                    )
-                except Exception as error:  # noqa: BLE001 - reported with the error torch.onnx wraps
-                    raise _lowering_error(self.name, error) from error
+                with stage(self.name, LOWERING, seconds), _counting_decomposition_fixes(fx_fixes):
+                    try:
+                        program = torch.onnx.export(
+                            exported,
+                            (),
+                            kwargs=None,
+                            dynamo=True,
+                            opset_version=opset,
+                            custom_translation_table=table,
+                            optimize=optimize,
+                            external_data=config.external_data,
+                            verbose=False,
+                        )
+                    except Exception as error:  # noqa: BLE001 - reported with the error torch.onnx wraps
+                        raise _lowering_error(self.name, error) from error
+                    _record_translations_used(translations, program)
 
-        # ── Stage 5: ONNX IR fixes ──
-        with stage(self.name, "Stage 5: ONNX IR fixes"):
-            self.ir_fixes_applied = apply_onnx_ir_fixes(program.model)
+            # ── Stage 5: ONNX IR fixes ──
+            with stage(self.name, "Stage 5: ONNX IR fixes", seconds):
+                ir_fixes = apply_onnx_ir_fixes(program.model)
+        self.ir_fixes_applied = ir_fixes
 
-        with stage(self.name, "output names"):
+        with stage(self.name, "output names", seconds):
             name_graph_outputs(program.model, output_names(exported))
             drop_size_outputs(program.model, exported)
 
         # ── Stage 6: ONNX Runtime fusions ──
-        with stage(self.name, "Stage 6: ONNX Runtime fusions"):
+        with stage(self.name, "Stage 6: ONNX Runtime fusions", seconds):
             if level == "ort-cpu":
                 self.fusions = fuse_for_onnxruntime(program.model)
 
         # ── Stage 7: Quantization ──
-        with stage(self.name, "Stage 7: Quantization"):
+        with stage(self.name, "Stage 7: Quantization", seconds):
             if config.quantize:
                 program.model = quantize_model(program.model, config.quantize, config.calibration_inputs or [inputs])
 
         if config.output_path:
-            with stage(self.name, "save"):
+            with stage(self.name, "save", seconds):
                 program.save(str(config.output_path), external_data=config.external_data)
-        return program
+        return dataclasses.replace(
+            traced,
+            program=program,
+            workarounds_fired=list(fired),
+            stage_seconds=seconds,
+            optimized=optimize,
+            fx_fixes_applied=fx_fixes[0],
+            ir_fixes_applied=ir_fixes,
+        )
 
     def manifest_entries(self) -> dict[str, Any]:
         """What ``export.json`` records of the last export under ``"onnx"``: opset, optimisation level,
@@ -250,23 +281,41 @@ def _lowering_error(exporter: str, error: BaseException) -> ExportStageError:
         cause = cause.__cause__
     return ExportStageError(exporter, LOWERING, first_line(cause), blamed_line(cause))
 
-_DECOMPOSITION_FIX_COUNTER: list[OnnxExporter] = []
+_DECOMPOSITION_FIX_COUNTER: list[list[int]] = []
 
 
 @contextlib.contextmanager
-def _counting_decomposition_fixes(exporter: OnnxExporter) -> Iterator[None]:
-    """Let the Stage 2 hook add the nodes it fixes to ``exporter.fx_fixes_applied``."""
-    _DECOMPOSITION_FIX_COUNTER.append(exporter)
+def _counting_decomposition_fixes(counter: list[int]) -> Iterator[None]:
+    """Let the Stage 2 hook add the nodes it fixes to ``counter[0]`` (the export's FX fix count)."""
+    _DECOMPOSITION_FIX_COUNTER.append(counter)
     try:
         yield
     finally:
-        _DECOMPOSITION_FIX_COUNTER.remove(exporter)
+        _DECOMPOSITION_FIX_COUNTER.pop()
 
 
 def record_decomposition_fixes(count: int) -> None:
     """Called by the Stage 2 hook with the number of nodes the FX node fixes consumed after decomposition."""
     if _DECOMPOSITION_FIX_COUNTER:
-        _DECOMPOSITION_FIX_COUNTER[-1].fx_fixes_applied += count
+        _DECOMPOSITION_FIX_COUNTER[-1][0] += count
+
+
+def _record_translations_used(translations: list[tuple[Any, registry.Workaround]], program: Any) -> None:
+    """Record as fired each translation whose op is a node of the program torch.onnx lowered (its
+    decomposed ``exported_program``); several translations of one op are all recorded."""
+    lowered = getattr(program, "exported_program", None)
+    if lowered is None or not translations:
+        return
+    used = {
+        node.target
+        for module in lowered.graph_module.modules()
+        if isinstance(module, torch.fx.GraphModule)
+        for node in module.graph.nodes
+        if node.op == "call_function"
+    }
+    for op, workaround in translations:
+        if op in used:
+            registry.record_fired(workaround)
 
 
 def drop_size_outputs(model: Any, exported: torch.export.ExportedProgram) -> int:
@@ -319,12 +368,16 @@ def name_graph_outputs(model: Any, names: list[str]) -> None:
 def apply_onnx_ir_fixes(model: Any) -> int:
     """Run every registered ONNX IR fix on the main graph and every function of ``model`` (an ``onnx_ir.Model``).
 
-    Returns the number of nodes changed."""
+    Returns the number of nodes changed; a fix that changed one is recorded as fired
+    (:func:`hf_exporters.registry.recording_fired`)."""
     changed = 0
     for fix in registry.onnx_ir_fixes(stage="Stage 5: ONNX IR fixes"):
-        changed += fix(model.graph)
+        count = fix.func(model.graph)
         for function in model.functions.values():
-            changed += fix(function)
+            count += fix.func(function)
+        if count:
+            registry.record_fired(fix)
+        changed += count
     return changed
 
 

@@ -24,6 +24,7 @@ import torch
 
 from ..checkpoints import load_preprocessor, load_pretrained, read_config
 from ..errors import InputError, ManifestError, ParityError
+from ..exporters.result import ExportResult
 from ..folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder
 from ..pipeline import describe_tensors, dynamic_axes, library_versions, make_config, make_exporter
 from ..runtime.compare import compare_leaves, raise_if_eager_nonfinite
@@ -47,6 +48,9 @@ class GenerationArtifacts(dict):
         parts: ``{part name: GenerationPart}``.
         model: the eager model (its config, generation config, and the reference for parity).
         dynamic_axes: ``{part name: {input name: [axes]}}`` symbolic in each exported program.
+        results: ``{part name: ExportResult}`` of each part's export (empty when not exported here);
+            the manifest's part entries take ``stage_seconds``, ``capture_strategy``,
+            ``workarounds_fired`` and (ExecuTorch) ``partitions`` from them.
     """
 
     def __init__(self, exporter: Any, model: torch.nn.Module, parts: dict[str, GenerationPart], artifacts: dict[str, Any], dynamic_axes: dict[str, Any]):
@@ -56,6 +60,7 @@ class GenerationArtifacts(dict):
         self.parts = parts
         self.dynamic_axes = dynamic_axes
         self.export_seconds: dict[str, float] = {}
+        self.results: dict[str, ExportResult] = {}
 
     def save_pretrained(
         self,
@@ -109,6 +114,7 @@ class GenerationArtifacts(dict):
                     "cache": part.cache,
                     **({"extra": part.extra} if part.extra else {}),
                     "export_seconds": round(self.export_seconds.get(name, 0.0), 3),
+                    **(self.results[name].manifest_entries() if name in self.results else {}),
                 }
                 checked = [path]
                 if aoti:
@@ -208,19 +214,21 @@ def export_for_generation(exporter: Any, model: torch.nn.Module, inputs: Mapping
     artifacts: dict[str, Any] = {}
     axes: dict[str, Any] = {}
     seconds: dict[str, float] = {}
+    results: dict[str, ExportResult] = {}
     for name, part in parts.items():
         part.dynamic_shapes = relaxed_shapes(part.dynamic_shapes, part.inputs)
         part_config = dataclasses.replace(base, dynamic=True, dynamic_shapes=part.dynamic_shapes)
         if hasattr(part_config, "output_path"):
             part_config.output_path = None
         started = time.perf_counter()
-        artifacts[name] = exporter.export(part.module, _copy_inputs(part.inputs), part_config)
+        results[name] = exporter.run(part.module, _copy_inputs(part.inputs), part_config)
         seconds[name] = time.perf_counter() - started
-        if exporter.exported_program is not None:
-            axes[name] = dynamic_axes(exporter.exported_program, part.inputs)
-    result = GenerationArtifacts(exporter, model, parts, artifacts, axes)
-    result.export_seconds = seconds
-    return result
+        artifacts[name] = results[name].program
+        axes[name] = dynamic_axes(results[name].exported_program, part.inputs)
+    generated = GenerationArtifacts(exporter, model, parts, artifacts, axes)
+    generated.export_seconds = seconds
+    generated.results = results
+    return generated
 
 
 def export_generation_folder(

@@ -511,7 +511,7 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
     from ..errors import ExportStageError, ParityError
     from ..pipeline import make_config, make_exporter
     from ..runtime.compare import compare_leaves, eager_outputs, resized_inputs, traced_path_note, ParityReport, _shapes
-    from ..shapes import auto_dynamic_shapes, clone_tree, static_axes
+    from ..shapes import auto_dynamic_shapes, axis_report, clone_tree
     from .inputs import build_inputs
 
     backend, dynamic, engine = spec["backend"], bool(spec["dynamic"]), spec.get("engine", "ours")
@@ -536,13 +536,13 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
     run_inputs = inputs
     if engine == "ours":
         try:
-            program = ours.export(model, inputs, make_config(ours, dynamic, None))
+            result = ours.run(model, inputs, make_config(ours, dynamic, None))
         except ExportStageError as error:
             stage = "lowering" if error.stage.startswith(("lowering", "serialisation")) else f"exporter {error.stage}"
             raise _Failed(stage, error, error.detail, error.blamed) from error
         except Exception as error:  # noqa: BLE001
             raise _Failed("exporter", error) from error
-        ep = ours.exported_program
+        program, ep = result.program, result.exported_program
     else:
         try:
             program, run_inputs = _upstream_export(backend, model, inputs, dynamic)
@@ -583,8 +583,11 @@ def _run(spec: dict[str, Any], record: dict[str, Any]) -> None:
 
     if dynamic and ep is not None:
         requested = auto_dynamic_shapes(run_inputs)
-        fixed = [(a.input, a.axis, a.size) for a in static_axes(ep, run_inputs, requested)]
-        record["static_axes"] = [f"{n}[axis {a}] = {s}" for n, a, s in fixed]
+        pinned, constrained = axis_report(ep, run_inputs, requested)
+        fixed = [(a.input, a.axis, a.size) for a in pinned]
+        record["static_axes"] = [str(a) for a in pinned]
+        if constrained:
+            record["constrained_axes"] = [str(a) for a in constrained]
         fixed = _unexpected_static(_own_names(fixed, inputs), inputs)
         # the batch and length axes grow, as for a program without its ExportedProgram (upstream's
         # ONNX): both engines are checked on the same sizes; free sizes on other axes keep theirs

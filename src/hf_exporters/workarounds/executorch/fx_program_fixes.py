@@ -55,7 +55,7 @@ def _hint(shape_env, symbol) -> int | None:
 
 
 @register_fx_program_fix("executorch")
-def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProgram) -> None:
+def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProgram) -> bool:
     """Give every dynamic size whose range is unbounded (``[2, int_oo]``) a finite upper bound.
 
     Pattern: ``Dim.AUTO`` (or ``Dim`` without ``max``) leaves a size symbol's range open above.
@@ -71,15 +71,18 @@ def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProg
     passes explicit ``Dim(max=...)`` for every axis.
     """
     shape_env = _shape_env(exported_program)
+    changed = False
     for symbol, bounds in list(exported_program.range_constraints.items()):
         if bounds.upper is not int_oo:
             continue
+        changed = True
         hint = _hint(shape_env, symbol)
         upper = max(_dim_max.get(), hint or 0)
         new = ValueRanges(bounds.lower, sympy.Integer(upper))
         exported_program.range_constraints[symbol] = new
         if shape_env is not None and symbol in shape_env.var_to_range:
             shape_env.var_to_range[symbol] = new
+    return changed
 
 
 def _sym_ints(value: Any) -> Iterator[torch.SymInt]:
@@ -103,7 +106,7 @@ def _generic_hint(taken: set[int], lower: int, upper: int) -> int | None:
 
 
 @register_fx_program_fix("executorch")
-def _fix_size_hints_of_one(exported_program: torch.export.ExportedProgram) -> None:
+def _fix_size_hints_of_one(exported_program: torch.export.ExportedProgram) -> bool:
     """Replace the trace hint of a dynamic size traced at 0 or 1 by a generic size.
 
     Pattern: a dynamic axis whose example size was 1 (batch 1, one new token) stays symbolic in the
@@ -121,10 +124,10 @@ def _fix_size_hints_of_one(exported_program: torch.export.ExportedProgram) -> No
     """
     shape_env = _shape_env(exported_program)
     if shape_env is None:
-        return
+        return False
     hints = getattr(shape_env, "backed_var_to_val", None)
     if hints is None:
-        return
+        return False
     changed = False
     taken = {int(v) for v in hints.values() if isinstance(v, sympy.Integer)}
     for symbol, bounds in exported_program.range_constraints.items():
@@ -140,7 +143,7 @@ def _fix_size_hints_of_one(exported_program: torch.export.ExportedProgram) -> No
         taken.add(new)
         changed = True
     if not changed:
-        return
+        return False
     for gm in exported_program.graph_module.modules():
         if isinstance(gm, torch.fx.GraphModule):
             for node in gm.graph.nodes:
@@ -148,3 +151,4 @@ def _fix_size_hints_of_one(exported_program: torch.export.ExportedProgram) -> No
                     sym.node._hint = None
     if hasattr(shape_env, "_update_version_counter"):
         shape_env._version_counter += 1
+    return True
