@@ -93,6 +93,19 @@ def export(
     allow_random_weights: bool = typer.Option(
         False, "--allow-random-weights", help="Export even when the checkpoint lacks weights transformers then initialises at random (a head)."
     ),
+    opset: Optional[int] = typer.Option(
+        None, "--opset", help="onnx: the ONNX opset (18 to the newest supported); default 23, 22 with --optimize ort-cpu."
+    ),
+    optimize: Optional[str] = typer.Option(
+        None,
+        "--optimize",
+        help="onnx: none | default (the onnxscript optimizer) | ort-cpu (also onnxruntime's fused attention, skip layer norm, GELU).",
+    ),
+    quantize: Optional[str] = typer.Option(
+        None,
+        "--quantize",
+        help="onnx: int8-dynamic | int8-static (onnxruntime's quantizer; checked by sentence-embedding accuracy, needs a tokenizer).",
+    ),
     on_static_axis: _OnStaticAxis = typer.Option(
         "warn", "--on-static-axis", help="With --dynamic, an axis that ends static (fixed by the trace or pinned by a guard): warn | error."
     ),
@@ -103,11 +116,26 @@ def export(
     130 / 143 interrupted by SIGINT / SIGTERM (nothing written).
     """
     from . import interrupts
+    from .errors import InputError
+    from .exporters.onnx_optimize import OPTIMIZE_LEVELS, check_opset
+    from .exporters.onnx_quantize import QUANTIZE_MODES
 
+    if optimize is not None and optimize not in OPTIMIZE_LEVELS:
+        raise typer.BadParameter(f"{optimize!r} is not one of {', '.join(OPTIMIZE_LEVELS)}", param_hint="'--optimize'")
+    if quantize is not None and quantize not in QUANTIZE_MODES:
+        raise typer.BadParameter(f"{quantize!r} is not one of {', '.join(QUANTIZE_MODES)}", param_hint="'--quantize'")
+    if opset is not None and backend == "onnx":
+        try:
+            check_opset(opset)
+        except InputError as error:
+            raise typer.BadParameter(str(error), param_hint="'--opset'") from error
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         with interrupts.handled():
-            _export(model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights, _OnStaticAxis(on_static_axis).value)
+            _export(
+                model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights,
+                _OnStaticAxis(on_static_axis).value, opset, optimize, quantize,
+            )
     except interrupts.Interrupted as stop:
         _fail(f"{stop}; nothing was written to {output}", stop.exit_code)
 
@@ -126,6 +154,9 @@ def _export(
     max_seq_len: Optional[int],
     allow_random_weights: bool,
     on_static_axis: str = "warn",
+    opset: Optional[int] = None,
+    optimize: Optional[str] = None,
+    quantize: Optional[str] = None,
 ) -> None:
     from .errors import HfExportersError, InputError
     from .pipeline import build_inputs, check_output_folder, default_model_path, export_to_folder, load_checkpoint, make_exporter
@@ -141,10 +172,13 @@ def _export(
         if task in ("text-generation", "text2text-generation"):
             from .generation import export_generation_folder
 
+            if quantize is not None:
+                raise InputError(f"--quantize is not supported for {task} exports yet: their accuracy check (next-token agreement) is not written")
+
             # generation exports are always dynamic: prefill and decode graphs serve every length
             manifest = export_generation_folder(
                 path, backend, output, recipe=recipe, validate=validate, overwrite=overwrite, aoti=aoti,
-                allow_random_weights=allow_random_weights, max_seq_len=max_seq_len,
+                allow_random_weights=allow_random_weights, max_seq_len=max_seq_len, opset=opset, optimize=optimize,
             )
             parts = ", ".join(f"{name} ({part['file']})" for name, part in manifest["parts"].items())
             typer.echo(f"exported {manifest['model_class']} for generation with {backend} to {output}: {parts}")
@@ -166,11 +200,22 @@ def _export(
             aoti=aoti,
             max_seq_len=max_seq_len,
             on_static_axis=on_static_axis,
+            opset=opset,
+            optimize=optimize,
+            quantize=quantize,
         )
     except HfExportersError as error:
         _fail(str(error))
         return
     worst = max((p["max_abs_diff"] for p in manifest["parity"]), default=None)
+    if "accuracy" in manifest:
+        accuracy = manifest["accuracy"]
+        typer.echo(
+            f"exported {manifest['model_class']} ({task_name}) with {backend}, {quantize}, to {output / manifest['artifact']} "
+            f"in {manifest['export_seconds']:.1f} s; sentence embeddings vs eager float32 over {accuracy['sentences']} sentences: "
+            f"min cosine {accuracy['min_cosine']:.4f}, mean {accuracy['mean_cosine']:.4f}, nearest-neighbour agreement {accuracy['neighbour_agreement']:.2f}"
+        )
+        return
     typer.echo(
         f"exported {manifest['model_class']} ({task_name}) with {backend} to {output / manifest['artifact']} "
         f"in {manifest['export_seconds']:.1f} s"

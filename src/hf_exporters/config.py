@@ -40,17 +40,27 @@ class OnnxConfig(DynamoConfig):
     """Options of :class:`~hf_exporters.OnnxExporter` (``torch.onnx`` + onnxscript).
 
     Attributes:
-        opset_version: ONNX opset of the default domain; None takes the newest onnxscript supports.
+        opset_version: ONNX opset of the default domain; None takes the level's default
+            (``hf_exporters.exporters.onnx_optimize.default_opset``: 23, the fastest in onnxruntime
+            1.32 CPU with eager's result on fully masked rows; 22 at ``optimize="ort-cpu"``).
         external_data: store weights next to the ``.onnx`` file (required past the 2 GB protobuf limit).
-        optimize: run the onnxscript optimizer (constant folding, dead code, function inlining). It is
-            turned off automatically for the model classes in ``ONNX_DISABLE_OPTIMIZE``.
+        optimize: the optimisation level: ``"none"``; ``"default"`` (or True), the onnxscript optimizer
+            (constant folding, dead code, function inlining); ``"ort-cpu"``, that and onnxscript's
+            onnxruntime fusions (attention, skip layer norm, bias GELU, rotary embeddings) into
+            onnxruntime's ``com.microsoft`` ops. False is ``"none"``. The optimizer is turned off
+            automatically for the model classes in ``ONNX_DISABLE_OPTIMIZE``.
         output_path: when set, the ONNX model is saved there after export.
+        quantize: ``"int8-dynamic"`` or ``"int8-static"`` (onnxruntime's quantizer, after the
+            fusions; ``hf_exporters.exporters.onnx_quantize``), None for float.
+        calibration_inputs: the input sets ``int8-static`` calibrates on; None: the export's example inputs.
     """
 
     opset_version: int | None = None
     external_data: bool = True
-    optimize: bool = True
+    optimize: bool | str = True
     output_path: str | None = None
+    quantize: str | None = None
+    calibration_inputs: list[dict[str, Any]] | None = None
 
 
 @dataclasses.dataclass

@@ -29,6 +29,7 @@ from .errors import ExportStageError, HfExportersError, InputError
 from .exporters._common import blamed_line, first_line
 from .folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder  # noqa: F401  (MANIFEST_NAME re-exported)
 from .runtime import check_parity, eager_outputs, resized_inputs
+from .runtime.embedding_accuracy import check_embedding_accuracy, sentence_batches
 from .shapes import is_symbolic, tensor_leaves
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -81,18 +82,41 @@ def make_exporter(backend: str) -> Any:
 
 
 def make_config(
-    exporter: Any, dynamic: bool, recipe: str | None, max_seq_len: int | None = None, on_static_axis: str = "warn"
+    exporter: Any,
+    dynamic: bool,
+    recipe: str | None,
+    max_seq_len: int | None = None,
+    on_static_axis: str = "warn",
+    *,
+    opset: int | None = None,
+    optimize: str | None = None,
+    quantize: str | None = None,
 ) -> Any:
     """The exporter's config with ``dynamic`` (and, for ExecuTorch, the backend ``recipe`` and the
-    ``max_seq_len`` bound of dynamic axes) set; ``on_static_axis`` is ``"warn"`` or ``"error"``.
+    ``max_seq_len`` bound of dynamic axes; for ONNX the ``opset``, the ``optimize`` level and
+    ``quantize``) set; ``on_static_axis`` is ``"warn"`` or ``"error"``.
 
     Raises:
         InputError: ``recipe`` or ``max_seq_len`` for another backend than executorch; ``max_seq_len`` < 2;
-            ``on_static_axis`` neither ``"warn"`` nor ``"error"``.
+            ``on_static_axis`` neither ``"warn"`` nor ``"error"``; ``opset``, ``optimize`` or
+            ``quantize`` for another backend than onnx; an unknown level or quantization; ``opset``
+            outside 18 to the newest onnx and onnxscript support.
     """
     if on_static_axis not in ("warn", "error"):
         raise InputError(f"--on-static-axis must be warn or error, got {on_static_axis!r}")
     config = exporter.config_class(dynamic=dynamic, on_static_axis=on_static_axis)
+    if opset is not None or optimize is not None or quantize is not None:
+        if not hasattr(config, "opset_version"):
+            option = "--opset" if opset is not None else "--optimize" if optimize is not None else "--quantize"
+            raise InputError(f"{option} applies to the onnx backend only, not {exporter.name!r}")
+        from .exporters.onnx_optimize import check_opset, optimize_level
+        from .exporters.onnx_quantize import check_quantize
+
+        config.quantize = check_quantize(quantize)
+        if optimize is not None:
+            config.optimize = optimize_level(optimize)
+        if opset is not None:
+            config.opset_version = check_opset(opset)
     if recipe is not None:
         if not hasattr(config, "backend"):
             raise InputError(f"--recipe applies to the executorch backend only, not {exporter.name!r}")
@@ -233,6 +257,24 @@ def _outputs_entry(exporter: Any, program: Any, eager: list[tuple[str, torch.Ten
     return entries
 
 
+def _sentence_batches(
+    model: torch.nn.Module, preprocessor: Any, inputs: dict[str, Any], dynamic: bool, quantize: str, validate: bool
+) -> list[dict[str, Any]] | None:
+    """The shipped sentences tokenized for a quantized export's calibration and accuracy check, in
+    batches the artifact takes (the example's batch and length when static); None when neither is needed.
+
+    Raises:
+        InputError: the checkpoint has no tokenizer.
+    """
+    if not validate and quantize != "int8-static":
+        return None
+    if preprocessor is None or not hasattr(preprocessor, "pad"):
+        raise InputError(f"--quantize {quantize} calibrates and checks on real sentences: the checkpoint needs a tokenizer")
+    ids = inputs.get("input_ids")
+    batch, length = (8, None) if dynamic or ids is None else (int(ids.shape[0]), int(ids.shape[1]))
+    return sentence_batches(preprocessor, forward_parameters(model), batch=batch, length=length)
+
+
 def library_versions() -> dict[str, str]:
     """Versions of the libraries an artifact depends on (those installed)."""
     out = {}
@@ -260,6 +302,9 @@ def export_to_folder(
     aoti: bool = False,
     max_seq_len: int | None = None,
     on_static_axis: str = "warn",
+    opset: int | None = None,
+    optimize: str | None = None,
+    quantize: str | None = None,
 ) -> dict[str, Any]:
     """Export ``model`` with ``backend`` into the folder ``output`` and return the manifest written there.
 
@@ -267,6 +312,13 @@ def export_to_folder(
     by the trace or by an input guard, then with the guard and the model line that added it) and
     ``constrained_axes`` (symbolic, but refusing size 1, with their range); ``on_static_axis="error"``
     fails the export on a static axis instead of recording it.
+
+    ``opset``, ``optimize`` and ``quantize`` (onnx only) set ``OnnxConfig.opset_version``,
+    ``OnnxConfig.optimize`` and ``OnnxConfig.quantize``; the manifest records the opset, level,
+    fusions applied and quantization under ``"onnx"``. A quantized artifact is validated by the
+    accuracy of its mean-pooled sentence embeddings against float32 eager over the shipped sentences
+    (``runtime.embedding_accuracy``, manifest key ``accuracy``), not by element parity; ``int8-static``
+    calibrates on the same sentences. Both need the checkpoint's tokenizer (``preprocessor``).
 
     With ``validate``, the saved artifact is run in its runtime on ``inputs`` and, when dynamic, on a
     second input set of other sizes; a difference beyond ``atol`` (default: the backend's) fails.
@@ -286,8 +338,13 @@ def export_to_folder(
     exporter = make_exporter(backend)
     if aoti and backend != "dynamo":
         raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
-    config = make_config(exporter, dynamic, recipe, max_seq_len, on_static_axis)
+    config = make_config(exporter, dynamic, recipe, max_seq_len, on_static_axis, opset=opset, optimize=optimize, quantize=quantize)
     tolerance = exporter.default_atol if atol is None else atol
+    sentences = None
+    if quantize is not None:
+        sentences = _sentence_batches(model, preprocessor, inputs, dynamic, quantize, validate)
+        if quantize == "int8-static":
+            config.calibration_inputs = sentences
 
     manifest: dict[str, Any] = {}
     with staged_folder(out, manifest) as staging:
@@ -308,15 +365,19 @@ def export_to_folder(
             if second is not None:
                 input_sets.append(second)
         parity: list[dict[str, Any]] = []
+        accuracy: dict[str, Any] = {}
         if validate:
             try:
                 runner = exporter.load_runner(artifact)
-                reports = check_parity(model, runner, input_sets, tolerance)
+                if sentences is not None:
+                    accuracy["accuracy"] = check_embedding_accuracy(model, runner, sentences).as_dict()
+                else:
+                    reports = check_parity(model, runner, input_sets, tolerance)
+                    parity = [r.as_dict() for r in reports]
             except HfExportersError:
                 raise
             except Exception as error:  # noqa: BLE001
                 raise ExportStageError(exporter.name, "runtime check", first_line(error), blamed_line(error)) from error
-            parity = [r.as_dict() for r in reports]
             interrupts.check()
         aoti_entry: dict[str, Any] = {}
         if aoti:
@@ -348,6 +409,8 @@ def export_to_folder(
                 "atol": tolerance,
                 "parity": parity,
                 **aoti_entry,
+                **accuracy,
+                **(exporter.manifest_entries() if hasattr(exporter, "manifest_entries") else {}),
             }
         )
     return manifest

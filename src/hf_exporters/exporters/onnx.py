@@ -21,6 +21,8 @@ from ..pytree import register_model_pytrees
 from ..shapes import output_names
 from ._common import blamed_line, first_line, normalize_inputs, stage
 from .dynamo import DynamoExporter
+from .onnx_optimize import default_opset, fuse_for_onnxruntime, newest_opset, optimize_level
+from .onnx_quantize import check_quantize, quantize_model
 from .result import ExportResult, trace_stage_seconds
 
 logger = logging.getLogger("hf_exporters")
@@ -34,14 +36,6 @@ DECOMPOSITION_HOOK = "torch.onnx._internal.exporter._fx_passes.decompose_with_re
 def _require_onnx_stack() -> None:
     for module in ("onnx", "onnxscript", "onnx_ir", "onnxruntime"):
         require(module, "The ONNX exporter")
-
-
-def newest_opset() -> int:
-    """The newest default-domain opset both onnxscript's version converter and ``onnx`` support."""
-    import onnx
-    from onnxscript.version_converter import _version_converter
-
-    return min(_version_converter.SUPPORTED_MAX_ONNX_OPSET, onnx.defs.onnx_opset_version())
 
 
 def _check_onnx_internals() -> None:
@@ -74,7 +68,7 @@ def _check_onnx_internals() -> None:
 class OnnxExporter(DynamoExporter):
     """Export a model to ONNX: the DynamoExporter trace, then ``torch.onnx.export`` with the project's workarounds.
 
-    ``run()`` reads as five stages around ``torch.onnx.export``; each applies the workarounds
+    ``run()`` reads as seven stages around ``torch.onnx.export``; each applies the workarounds
     registered for ``"onnx"`` with that stage (``Workaround.stage``, declared at registration):
 
     1. Torch patches: patches on torch ops, active for the trace and the lowering.
@@ -83,6 +77,10 @@ class OnnxExporter(DynamoExporter):
     3. FX node fixes: ``apply_fx_node_fixes("onnx", ...)`` on the traced graph.
     4. ONNX translations: the custom translation table (aten op -> onnxscript function).
     5. ONNX IR fixes: rewrites of the finished model, main graph and every function.
+    6. ONNX Runtime fusions: at ``optimize="ort-cpu"``, onnxscript's onnxruntime fusions
+       (:mod:`hf_exporters.exporters.onnx_optimize`).
+    7. Quantization: with ``config.quantize``, onnxruntime's int8 quantizer
+       (:mod:`hf_exporters.exporters.onnx_quantize`).
 
     Example::
 
@@ -99,6 +97,12 @@ class OnnxExporter(DynamoExporter):
         super().__init__()
         #: the config of the last export, read by :meth:`save` (``external_data``)
         self.config: OnnxConfig | None = None
+        #: the optimisation level (``none``, ``default``, ``ort-cpu``), opset, onnxruntime fusions applied
+        #: in Stage 6 (fusion name -> count) and nodes the IR fixes changed, of the last export
+        self.optimize_level: str = "default"
+        self.opset: int | None = None
+        self.fusions: dict[str, int] = {}
+        self.ir_fixes_applied: int = 0
 
     # ── Export ────────────────────────────────────────────────────────────────
 
@@ -110,6 +114,7 @@ class OnnxExporter(DynamoExporter):
 
         Raises:
             MissingDependencyError: onnx, onnxscript, onnx-ir or onnxruntime is not installed.
+            InputError: ``config.optimize`` names no optimisation level, ``config.quantize`` no mode.
             ExportStageError: a stage, the trace or the lowering failed.
         """
         return self.run(model, inputs, config).program
@@ -120,7 +125,7 @@ class OnnxExporter(DynamoExporter):
         Returns:
             an :class:`~hf_exporters.ExportResult`: ``program`` is the ``torch.onnx.ONNXProgram``,
             ``exported_program`` the trace as the Stage 3 fixes left it; ``optimized``,
-            ``fx_fixes_applied`` and ``ir_fixes_applied`` are set; ``stage_seconds`` lists the five
+            ``fx_fixes_applied`` and ``ir_fixes_applied`` are set; ``stage_seconds`` lists the seven
             stages, the trace's dynamo stages (``dynamo: Stage N: ...``), the trace, the lowering,
             ``output names`` and, with ``config.output_path``, ``save``.
 
@@ -134,11 +139,16 @@ class OnnxExporter(DynamoExporter):
         inputs = normalize_inputs(inputs)
         seconds: dict[str, float] = {}
         model_class = type(model).__name__
-        optimize = config.optimize
-        if optimize and model_class in ONNX_DISABLE_OPTIMIZE:
-            optimize = False
+        level = optimize_level(config.optimize)
+        check_quantize(config.quantize)
+        if level != "none" and model_class in ONNX_DISABLE_OPTIMIZE:
+            level = "none"
             logger.warning("%s: onnxscript optimizer turned off: %s", model_class, ONNX_DISABLE_OPTIMIZE[model_class])
-        opset = config.opset_version if config.opset_version is not None else newest_opset()
+        self.optimize_level = level
+        optimize = level != "none"
+        opset = config.opset_version if config.opset_version is not None else default_opset(level, newest_opset())
+        self.opset = opset
+        self.fusions = {}
         fx_fixes = [0]  # nodes the FX node fixes consumed, in Stage 3 and after the decomposition
 
         with registry.export_lock(), registry.recording_fired() as fired:
@@ -188,10 +198,21 @@ class OnnxExporter(DynamoExporter):
             # ── Stage 5: ONNX IR fixes ──
             with stage(self.name, "Stage 5: ONNX IR fixes", seconds):
                 ir_fixes = apply_onnx_ir_fixes(program.model)
+        self.ir_fixes_applied = ir_fixes
 
         with stage(self.name, "output names", seconds):
             name_graph_outputs(program.model, output_names(exported))
             drop_size_outputs(program.model, exported)
+
+        # ── Stage 6: ONNX Runtime fusions ──
+        with stage(self.name, "Stage 6: ONNX Runtime fusions", seconds):
+            if level == "ort-cpu":
+                self.fusions = fuse_for_onnxruntime(program.model)
+
+        # ── Stage 7: Quantization ──
+        with stage(self.name, "Stage 7: Quantization", seconds):
+            if config.quantize:
+                program.model = quantize_model(program.model, config.quantize, config.calibration_inputs or [inputs])
 
         if config.output_path:
             with stage(self.name, "save", seconds):
@@ -205,6 +226,13 @@ class OnnxExporter(DynamoExporter):
             fx_fixes_applied=fx_fixes[0],
             ir_fixes_applied=ir_fixes,
         )
+
+    def manifest_entries(self) -> dict[str, Any]:
+        """What ``export.json`` records of the last export under ``"onnx"``: opset, optimisation level,
+        the onnxruntime fusions applied and the number of nodes the IR fixes changed."""
+        quantize = self.config.quantize if self.config is not None else None
+        entry = {"opset": self.opset, "optimize": self.optimize_level, "fusions": dict(self.fusions), "ir_fixes_applied": self.ir_fixes_applied}
+        return {"onnx": entry | {"quantize": quantize}}
 
     # ── Save and run ──────────────────────────────────────────────────────────
 

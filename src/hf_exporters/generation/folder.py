@@ -243,6 +243,8 @@ def export_generation_folder(
     aoti: bool = False,
     allow_random_weights: bool = False,
     max_seq_len: int | None = None,
+    opset: int | None = None,
+    optimize: str | None = None,
 ) -> dict[str, Any]:
     """Load the checkpoint folder ``model_path``, export its generation parts with ``backend`` and write ``output``.
 
@@ -276,7 +278,7 @@ def export_generation_folder(
         ids = torch.arange(1, 9).remainder(vocab).unsqueeze(0)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     exporter = make_exporter(backend)
-    artifacts = export_for_generation(exporter, model, inputs, make_config(exporter, True, recipe, max_seq_len))
+    artifacts = export_for_generation(exporter, model, inputs, make_config(exporter, True, recipe, max_seq_len, opset=opset, optimize=optimize))
     return artifacts.save_pretrained(
         out, preprocessor=preprocessor, validate=validate, overwrite=overwrite, source_model=str(path.resolve()), aoti=aoti
     )
