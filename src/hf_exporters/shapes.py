@@ -292,6 +292,7 @@ class _SizeProbe:
                         if isinstance(dim, torch.SymInt) and isinstance(dim.node.expr, sympy.Symbol):
                             self.values[dim.node.expr] = int(actual)
         self._guards: Any = False
+        self._probed: set[sympy.Symbol] = set()
 
     def _guards_fn(self) -> Any:
         """The program's input-guard check (``ep.module()._guards_fn``), or None.
@@ -322,20 +323,20 @@ class _SizeProbe:
             return 0, None
         return _bound(bounds.lower) or 0, _bound(bounds.upper)
 
-    def refusal(self, symbol: sympy.Symbol, size: int, label: str) -> str | None:
-        """None when the program accepts ``size`` on ``symbol``'s axes, else the check that refuses it."""
-        low, high = self.range(symbol)
-        if size < low or (high is not None and size > high):
-            return f"{label} in [{low}, {'inf' if high is None else high}]"
+    def _check(self, values: dict[sympy.Symbol, int], label: str) -> str | None:
+        for symbol, size in values.items():
+            low, high = self.range(symbol)
+            if size < low or (high is not None and size > high):
+                return f"{label} in [{low}, {'inf' if high is None else high}]" if symbol in self._probed else f"a tied size in [{low}, {high}]"
         guards = self._guards_fn()
         if guards is None:
             return None
-        values = dict(self.values)
-        values[symbol] = size
         flat = []
         for meta, leaf in zip(self.metas, self.leaves):
             if isinstance(meta, torch.Tensor):
                 shape = [int(d.node.expr.xreplace(values)) if isinstance(d, torch.SymInt) else int(d) for d in meta.shape]
+                if any(d < 0 for d in shape):
+                    return f"{label}: a tied size below 0"
                 flat.append(torch.empty(shape, dtype=meta.dtype))
             elif isinstance(meta, torch.SymInt):
                 flat.append(int(meta.node.expr.xreplace(values)))
@@ -347,6 +348,30 @@ class _SizeProbe:
             text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             return text.removeprefix("Guard failed:").strip()
         return None
+
+    def refusal(self, symbol: sympy.Symbol, size: int, label: str) -> str | None:
+        """None when the program accepts ``size`` on ``symbol``'s axes, else the check that refuses it.
+
+        Sizes the program ties to this one (an attention mask as long as the ids, a mask as long as
+        the cache plus the new tokens) may move with it: the size is accepted when it passes alone,
+        with every size of the same example value moved to it, or with any one other size moved by
+        the same amount."""
+        self._probed = {symbol}
+        example = self.values.get(symbol, size)
+        moves: list[dict[sympy.Symbol, int]] = [{symbol: size}]
+        same = {t: size for t, v in self.values.items() if v == example and t != symbol}
+        if same:
+            moves.append({symbol: size, **same})
+        moves += [{symbol: size, t: v + size - example} for t, v in self.values.items() if t != symbol and v + size - example >= 0]
+        first = None
+        for move in moves:
+            values = dict(self.values)
+            values.update(move)
+            refused = self._check(values, label)
+            if refused is None:
+                return None
+            first = first or refused
+        return first
 
 
 def _source_of(symbol: sympy.Symbol, guards: dict[str, str] | None) -> str | None:
