@@ -238,6 +238,7 @@ def test_onnx_stage_seconds_name_every_stage_block():
         "lowering (torch.onnx.export)",
         "Stage 5: ONNX IR fixes",
         "output names",
+        *_code_stages("onnx")[5:],
     ]
     assert _code_stages("onnx")[0] == "Stage 1: Torch patches" and _code_stages("onnx")[4] == "Stage 5: ONNX IR fixes"
     assert list(result.stage_seconds) == expected

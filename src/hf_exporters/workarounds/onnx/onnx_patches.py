@@ -231,3 +231,26 @@ def _patch_split_to_sequence_folding_skips_a_runtime_split(original: dict[Any, A
     if key in table:
         table[key] = [folding.PartialEvaluator(e.min_version, e.max_version, guarded(e.function)) for e in table[key]]
     return table
+
+
+@registry.register_patch("onnx", "onnxscript.rewriter.rules.fusion._rotary_embedding.fuse_rotary_embedding", stage="Stage 2: ONNX patches")
+def _patch_no_rotary_fusion_across_batches(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Leave rotary embeddings unfused in the optimizer's opset-23 ONNX fusions.
+
+    Pattern: at opset 23 torch.onnx's optimizer (onnxscript ``_framework_apis.torch_2_8.optimize``)
+    fuses ``x * cos + rotate_half(x) * sin`` into the ONNX ``RotaryEmbedding`` op with the model's
+    cos/sin tables as its caches. transformers computes those tables from ``position_ids`` of batch 1
+    that broadcast over the batch; ``RotaryEmbedding`` does not broadcast, so onnxruntime 1.32 refuses
+    every batch but 1 ("Inputs 'cos_cache' and 'sin_cache' are expected to have the same shape as
+    input 'x', got 1 and 3"), a failure at run time of a dynamic export.
+    Models: every rotary decoder exported at opset 23 with a dynamic batch (Llama, Mistral, Mixtral:
+    case H2, Qwen2, ...).
+    Upstream: onnxscript rewriter/rules/fusion/_rotary_embedding.py (the fusion checks no batch
+        agreement between x and the tables); no report found
+    Remove when: the fusion checks that the tables' batch matches x's, or expands them.
+    """
+
+    def fuse_rotary_embedding(model: Any, *args: Any, **kwargs: Any) -> int:
+        return 0  # nothing fused: the decomposition broadcasts as eager does
+
+    return fuse_rotary_embedding
