@@ -91,7 +91,7 @@ def test_missing_model_folder(tmp_path):
     assert code == 1
     assert output.strip() == (
         f"error: model folder not found: {tmp_path / 'nope'} "
-        "(pass a local folder written by save_pretrained; there is no model hub access)"
+        "(pass a local folder written by save_pretrained, or a hub id such as org/name)"
     )
     assert not (tmp_path / "out").exists()
 

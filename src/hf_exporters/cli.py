@@ -77,7 +77,7 @@ def _fail(message: str, code: int = 1) -> None:
 
 @app.command()
 def export(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder (save_pretrained). Default: the embedded all-MiniLM-L6-v2."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder (save_pretrained) or hub id (org/name) in the Hugging Face cache (HF_HUB_OFFLINE=0 to download). Default: the embedded all-MiniLM-L6-v2."),
     output: Path = typer.Option(..., "--output", "-o", help="Folder to write (artifact, config, tokenizer, export.json)."),
     backend: str = typer.Option("dynamo", "--backend", "-b", help="dynamo | onnx | executorch"),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task (Auto class); default: from the config's architectures."),
@@ -109,6 +109,9 @@ def export(
     on_static_axis: _OnStaticAxis = typer.Option(
         "warn", "--on-static-axis", help="With --dynamic, an axis that ends static (fixed by the trace or pinned by a guard): warn | error."
     ),
+    trust_remote_code: bool = typer.Option(
+        False, "--trust-remote-code", help="Run the checkpoint's own Python code (auto_map in config.json) to load it; read that code first."
+    ),
 ) -> None:
     """Export a checkpoint with one backend, check it against eager PyTorch, and write the folder.
 
@@ -134,7 +137,7 @@ def export(
         with interrupts.handled():
             _export(
                 model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights,
-                _OnStaticAxis(on_static_axis).value, opset, optimize, quantize,
+                _OnStaticAxis(on_static_axis).value, opset, optimize, quantize, trust_remote_code,
             )
     except interrupts.Interrupted as stop:
         _fail(f"{stop}; nothing was written to {output}", stop.exit_code)
@@ -157,7 +160,9 @@ def _export(
     opset: Optional[int] = None,
     optimize: Optional[str] = None,
     quantize: Optional[str] = None,
+    trust_remote_code: bool = False,
 ) -> None:
+    from .checkpoints import resolve_model
     from .errors import HfExportersError, InputError
     from .pipeline import build_inputs, check_output_folder, default_model_path, export_to_folder, load_checkpoint, make_exporter
 
@@ -165,7 +170,7 @@ def _export(
         make_exporter(backend)  # an unknown backend or a missing extra fails before the model loads
         if atol is not None and not (atol >= 0 and math.isfinite(atol)):
             raise InputError(f"--atol must be a finite number >= 0, got {atol}")
-        path = Path(model) if model else default_model_path()
+        path = resolve_model(model) if model else default_model_path()
         check_output_folder(output, overwrite, source=path)
         if aoti and backend != "dynamo":
             raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
@@ -179,11 +184,12 @@ def _export(
             manifest = export_generation_folder(
                 path, backend, output, recipe=recipe, validate=validate, overwrite=overwrite, aoti=aoti,
                 allow_random_weights=allow_random_weights, max_seq_len=max_seq_len, opset=opset, optimize=optimize,
+                trust_remote_code=trust_remote_code,
             )
             parts = ", ".join(f"{name} ({part['file']})" for name, part in manifest["parts"].items())
             typer.echo(f"exported {manifest['model_class']} for generation with {backend} to {output}: {parts}")
             return
-        loaded, preprocessor, task_name = load_checkpoint(path, task, allow_random_weights)
+        loaded, preprocessor, task_name = load_checkpoint(path, task, allow_random_weights, trust_remote_code)
         inputs = build_inputs(loaded, preprocessor)
         manifest = export_to_folder(
             loaded,

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from . import interrupts
-from .checkpoints import load_preprocessor, load_pretrained, read_config
+from .checkpoints import load_preprocessor, load_pretrained, read_config, resolve_model
 from .deps import require
 from .errors import ExportStageError, HfExportersError, InputError
 from .exporters._common import blamed_line, first_line
@@ -136,23 +136,25 @@ def default_model_path() -> Path:
 
 
 def load_checkpoint(
-    model: str | os.PathLike[str], task: str | None = None, allow_random_weights: bool = False
+    model: str | os.PathLike[str], task: str | None = None, allow_random_weights: bool = False, trust_remote_code: bool = False
 ) -> tuple[torch.nn.Module, Any, str]:
-    """Load ``model`` (a local folder saved with ``save_pretrained``) for ``task``.
+    """Load ``model`` (a local folder saved with ``save_pretrained``, or a hub id in the Hugging Face cache:
+    :func:`~hf_exporters.checkpoints.resolve_model`) for ``task``.
 
     Returns ``(model, preprocessor or None, task)``. Without ``task``, the class named in the config's
-    ``architectures`` is used, and the task is the one whose Auto class maps to it.
+    ``architectures`` is used, and the task is the one whose Auto class maps to it (for a checkpoint with its
+    own code, loaded only with ``trust_remote_code``, the Auto class whose ``auto_map`` entry names it).
 
     Raises:
-        InputError: the folder is missing, has no ``config.json``, the task is unknown, the
-            weights cannot be loaded, or (unless ``allow_random_weights``) transformers initialised
+        InputError: the folder is missing, has no ``config.json``, needs its own code and
+            ``trust_remote_code`` is False, the task is unknown, the weights cannot be loaded, or (unless ``allow_random_weights``) transformers initialised
             some weights at random because the checkpoint lacks them (the message names them).
     """
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    path = Path(model)
-    config = read_config(path)
+    path = resolve_model(model)
+    config = read_config(path, trust_remote_code)
     if task is not None:
         if task not in TASKS:
             raise InputError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
@@ -160,11 +162,16 @@ def load_checkpoint(
     else:
         arch = (getattr(config, "architectures", None) or [None])[0]
         model_class = getattr(transformers, arch, None) if arch else None
-        if model_class is None:
-            model_class = transformers.AutoModel
-        task = _task_of(model_class, config)
-    loaded = load_pretrained(model_class, path, f"task {task!r}", allow_random_weights)
-    return loaded, load_preprocessor(path), task
+        auto_map = getattr(config, "auto_map", None) or {}
+        custom = [t for t, auto_name in TASKS.items() if arch and str(auto_map.get(auto_name, "")).endswith("." + arch)]
+        if model_class is None and trust_remote_code and custom:
+            task, model_class = custom[0], getattr(transformers, TASKS[custom[0]])
+        else:
+            if model_class is None:
+                model_class = transformers.AutoModel
+            task = _task_of(model_class, config)
+    loaded = load_pretrained(model_class, path, f"task {task!r}", allow_random_weights, trust_remote_code)
+    return loaded, load_preprocessor(path, trust_remote_code), task
 
 
 def _task_of(model_class: Any, config: Any) -> str:

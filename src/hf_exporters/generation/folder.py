@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..checkpoints import load_preprocessor, load_pretrained, read_config
+from ..checkpoints import load_preprocessor, load_pretrained, read_config, resolve_model
 from ..errors import InputError, ManifestError, ParityError
 from ..exporters.result import ExportResult
 from ..folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder
@@ -245,8 +245,10 @@ def export_generation_folder(
     max_seq_len: int | None = None,
     opset: int | None = None,
     optimize: str | None = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
-    """Load the checkpoint folder ``model_path``, export its generation parts with ``backend`` and write ``output``.
+    """Load the checkpoint folder ``model_path`` (or a hub id in the Hugging Face cache; a checkpoint with its own
+    code only with ``trust_remote_code``), export its generation parts with ``backend`` and write ``output``.
 
     The example inputs are the tokenizer's encoding of ``prompt`` (or 8 token ids when the folder has
     no tokenizer). Used by ``hf-exporters export --task text-generation`` / ``text2text-generation``.
@@ -263,14 +265,14 @@ def export_generation_folder(
     import transformers
 
     out = Path(output)
-    path = Path(model_path)
+    path = resolve_model(model_path)
     check_output_folder(out, overwrite, source=path)
-    config = read_config(path)
+    config = read_config(path, trust_remote_code)
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     auto = transformers.AutoModelForSeq2SeqLM if seq2seq else transformers.AutoModelForCausalLM
     task = "text2text-generation" if seq2seq else "text-generation"
-    model = load_pretrained(auto, path, f"task {task!r}", allow_random_weights)
-    preprocessor = load_preprocessor(path)
+    model = load_pretrained(auto, path, f"task {task!r}", allow_random_weights, trust_remote_code)
+    preprocessor = load_preprocessor(path, trust_remote_code)
     if preprocessor is not None:
         inputs = dict(preprocessor([prompt], return_tensors="pt"))
     else:
