@@ -112,6 +112,11 @@ def export(
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", help="Run the checkpoint's own Python code (auto_map in config.json) to load it; read that code first."
     ),
+    dtype: Optional[str] = typer.Option(
+        None,
+        "--dtype",
+        help="Cast the model and inputs before the export: float32 | float16 | bfloat16 (or fp32, fp16, bf16); checked against eager in that dtype and against float32.",
+    ),
 ) -> None:
     """Export a checkpoint with one backend, check it against eager PyTorch, and write the folder.
 
@@ -122,9 +127,12 @@ def export(
     from .errors import InputError
     from .exporters.onnx_optimize import OPTIMIZE_LEVELS, check_opset
     from .exporters.onnx_quantize import QUANTIZE_MODES
+    from .precision import DTYPES
 
     if optimize is not None and optimize not in OPTIMIZE_LEVELS:
         raise typer.BadParameter(f"{optimize!r} is not one of {', '.join(OPTIMIZE_LEVELS)}", param_hint="'--optimize'")
+    if dtype is not None and dtype not in DTYPES:
+        raise typer.BadParameter(f"{dtype!r} is not one of float32, float16, bfloat16, fp32, fp16, bf16", param_hint="'--dtype'")
     if quantize is not None and quantize not in QUANTIZE_MODES:
         raise typer.BadParameter(f"{quantize!r} is not one of {', '.join(QUANTIZE_MODES)}", param_hint="'--quantize'")
     if opset is not None and backend == "onnx":
@@ -137,7 +145,7 @@ def export(
         with interrupts.handled():
             _export(
                 model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights,
-                _OnStaticAxis(on_static_axis).value, opset, optimize, quantize, trust_remote_code,
+                _OnStaticAxis(on_static_axis).value, opset, optimize, quantize, trust_remote_code, dtype,
             )
     except interrupts.Interrupted as stop:
         _fail(f"{stop}; nothing was written to {output}", stop.exit_code)
@@ -161,6 +169,7 @@ def _export(
     optimize: Optional[str] = None,
     quantize: Optional[str] = None,
     trust_remote_code: bool = False,
+    dtype: Optional[str] = None,
 ) -> None:
     from .checkpoints import resolve_model
     from .errors import HfExportersError, InputError
@@ -179,6 +188,8 @@ def _export(
 
             if quantize is not None:
                 raise InputError(f"--quantize is not supported for {task} exports yet: their accuracy check (next-token agreement) is not written")
+            if dtype is not None:
+                raise InputError(f"--dtype is not supported for {task} exports yet: their parts are exported in the checkpoint's dtype")
 
             # generation exports are always dynamic: prefill and decode graphs serve every length
             manifest = export_generation_folder(
@@ -209,11 +220,14 @@ def _export(
             opset=opset,
             optimize=optimize,
             quantize=quantize,
+            dtype=dtype,
         )
     except HfExportersError as error:
         _fail(str(error))
         return
     worst = max((p["max_abs_diff"] for p in manifest["parity"]), default=None)
+    in_dtype = f" in {manifest['dtype']}" if manifest.get("dtype") not in (None, "float32") else ""
+    versus_float32 = manifest.get("parity_float32")
     if "accuracy" in manifest:
         accuracy = manifest["accuracy"]
         typer.echo(
@@ -225,7 +239,8 @@ def _export(
     typer.echo(
         f"exported {manifest['model_class']} ({task_name}) with {backend} to {output / manifest['artifact']} "
         f"in {manifest['export_seconds']:.1f} s"
-        + (f"; max abs diff vs eager {worst:.2e} over {len(manifest['parity'])} input set(s)" if worst is not None else "; not validated")
+        + (f"; max abs diff vs eager{in_dtype} {worst:.2e} over {len(manifest['parity'])} input set(s)" if worst is not None else "; not validated")
+        + (f", vs float32 eager {versus_float32['max_abs_diff']:.2e}" if versus_float32 else "")
     )
     if manifest["static_axes"]:
         axes = ", ".join(

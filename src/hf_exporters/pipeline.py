@@ -25,9 +25,10 @@ import torch
 from . import interrupts
 from .checkpoints import load_preprocessor, load_pretrained, read_config, resolve_model
 from .deps import require
-from .errors import ExportStageError, HfExportersError, InputError
+from .errors import ExportStageError, HfExportersError, InputError, ParityError
 from .exporters._common import blamed_line, first_line
 from .folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder  # noqa: F401  (MANIFEST_NAME re-exported)
+from .precision import cast_for_export, dtype_name, dtype_tolerance, parse_dtype
 from .runtime import check_parity, eager_outputs, resized_inputs
 from .runtime.embedding_accuracy import check_embedding_accuracy, sentence_batches
 from .shapes import is_symbolic, tensor_leaves
@@ -282,6 +283,49 @@ def _sentence_batches(
     return sentence_batches(preprocessor, forward_parameters(model), batch=batch, length=length)
 
 
+def _load_onnx_in_dtype(exporter: Any, artifact: Path, dtype: torch.dtype) -> Any:
+    """The runner of the ONNX ``artifact`` exported in ``dtype``.
+
+    Raises:
+        InputError: onnxruntime's CPU provider has no kernel for one of its nodes in ``dtype``.
+    """
+    from .runtime.ort_runner import missing_kernel
+
+    try:
+        return exporter.load_runner(artifact)
+    except Exception as error:  # noqa: BLE001 - onnxruntime's own exception types
+        found = missing_kernel(error)
+        if found is None:
+            raise
+        op, version, node = found
+        raise InputError(
+            f"onnxruntime {library_versions().get('onnxruntime', '')}'s CPU provider has no {dtype_name(dtype)} kernel for "
+            f"{op}-{version} (node {node}), so this artifact could not run there; export with --dtype float16 or float32"
+        ) from error
+
+
+def _check_float32_parity(
+    exporter: Any, runner: Any, inputs: dict[str, Any], expected: list[tuple[str, torch.Tensor]], dtype: torch.dtype
+) -> dict[str, Any]:
+    """The reduced-precision artifact's outputs on ``inputs`` against float32 eager's ``expected``.
+
+    Raises:
+        ParityError: an output differs beyond the backend's tolerance plus ``DTYPE_RTOL[dtype]`` of float32's largest output.
+    """
+    from .runtime.compare import compare_leaves, clone_tree
+
+    limit = dtype_tolerance(dtype, exporter.default_atol, expected)
+    diffs = compare_leaves(expected, runner(clone_tree(inputs)), limit)
+    worst = max(diffs, key=lambda d: d.max_abs_diff)
+    entry = {"atol": limit, "max_abs_diff": max(d.max_abs_diff for d in diffs), "ok": all(d.ok(limit) for d in diffs)}
+    if not entry["ok"]:
+        raise ParityError(
+            f"in {dtype_name(dtype)}, output {worst.name} differs from float32 eager by {worst.max_abs_diff:.3g} "
+            f"(tolerance {limit:.3g}): the model loses too much in {dtype_name(dtype)}; export float32"
+        )
+    return entry
+
+
 def library_versions() -> dict[str, str]:
     """Versions of the libraries an artifact depends on (those installed)."""
     out = {}
@@ -312,6 +356,7 @@ def export_to_folder(
     opset: int | None = None,
     optimize: str | None = None,
     quantize: str | None = None,
+    dtype: str | None = None,
 ) -> dict[str, Any]:
     """Export ``model`` with ``backend`` into the folder ``output`` and return the manifest written there.
 
@@ -327,16 +372,26 @@ def export_to_folder(
     (``runtime.embedding_accuracy``, manifest key ``accuracy``), not by element parity; ``int8-static``
     calibrates on the same sentences. Both need the checkpoint's tokenizer (``preprocessor``).
 
+    ``dtype`` (``float16``, ``bfloat16``, ``float32`` or optimum's ``fp16``, ``bf16``, ``fp32``) casts ``model``
+    in place and the floating ``inputs`` before the export (:mod:`hf_exporters.precision`); the manifest
+    records it under ``dtype``. A reduced-precision artifact is checked against eager in its dtype and, when
+    the model was float32, against float32 eager on ``inputs`` (``parity_float32``), each within the backend's
+    tolerance plus ``DTYPE_RTOL`` times the largest output; an ONNX artifact onnxruntime's CPU provider has no
+    kernel for is refused here, validated or not.
+
     With ``validate``, the saved artifact is run in its runtime on ``inputs`` and, when dynamic, on a
     second input set of other sizes; a difference beyond ``atol`` (default: the backend's) fails.
     With ``aoti`` (dynamo only), the program is also compiled into an AOTInductor package
     (``model.aoti.pt2``, manifest key ``aoti_package``) for C++ deployment, checked the same way.
 
     Raises:
-        InputError: unknown backend, or ``output`` exists and is not empty (without ``overwrite``).
+        InputError: unknown backend, or ``output`` exists and is not empty (without ``overwrite``); an unknown
+            ``dtype``, or a reduced one with ``quantize``; onnxruntime has no CPU kernel for the ONNX artifact
+            in ``dtype`` (the message names the operator and node).
         MissingDependencyError: the backend's libraries are not installed.
         ExportStageError: an exporter stage failed (its message names the stage).
-        ParityError: the artifact's outputs differ from eager beyond ``atol``.
+        ParityError: the artifact's outputs differ from eager beyond ``atol`` (or, in a reduced ``dtype``,
+            from float32 eager beyond its tolerance).
     """
     out = Path(output)
     if atol is not None and not (atol >= 0 and math.isfinite(atol)):
@@ -347,6 +402,20 @@ def export_to_folder(
         raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
     config = make_config(exporter, dynamic, recipe, max_seq_len, on_static_axis, opset=opset, optimize=optimize, quantize=quantize)
     tolerance = exporter.default_atol if atol is None else atol
+    torch_dtype = parse_dtype(dtype)
+    reduced = torch_dtype is not None and torch_dtype != torch.float32
+    if reduced and quantize is not None:
+        raise InputError(f"--quantize {quantize} quantizes a float32 model; it cannot be combined with --dtype {dtype}")
+    if torch_dtype == torch.bfloat16 and backend == "executorch" and getattr(config, "backend", None) == "xnnpack":
+        raise InputError("--dtype bfloat16: XNNPACK has no bfloat16 kernels; export float16 or float32 with xnnpack, or bfloat16 with --recipe portable")
+    float32_expected = None
+    if torch_dtype is not None:
+        was_float32 = all(p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point())
+        if reduced and validate and was_float32:
+            float32_expected = eager_outputs(model, inputs)  # before the cast: the reference the cast must keep
+        inputs = cast_for_export(model, inputs, torch_dtype)
+        if reduced and atol is None:
+            tolerance = dtype_tolerance(torch_dtype, exporter.default_atol, eager_outputs(model, inputs))
     sentences = None
     if quantize is not None:
         sentences = _sentence_batches(model, preprocessor, inputs, dynamic, quantize, validate)
@@ -373,9 +442,14 @@ def export_to_folder(
                 input_sets.append(second)
         parity: list[dict[str, Any]] = []
         accuracy: dict[str, Any] = {}
+        precision: dict[str, Any] = {"dtype": dtype_name(torch_dtype)} if torch_dtype is not None else {}
+        if reduced and backend == "onnx" and not validate:
+            _load_onnx_in_dtype(exporter, artifact, torch_dtype)  # refused here, not when a user loads it
         if validate:
             try:
-                runner = exporter.load_runner(artifact)
+                runner = _load_onnx_in_dtype(exporter, artifact, torch_dtype) if reduced and backend == "onnx" else exporter.load_runner(artifact)
+                if float32_expected is not None:
+                    precision["parity_float32"] = _check_float32_parity(exporter, runner, inputs, float32_expected, torch_dtype)
                 if sentences is not None:
                     accuracy["accuracy"] = check_embedding_accuracy(model, runner, sentences).as_dict()
                 else:
@@ -417,6 +491,7 @@ def export_to_folder(
                 "parity": parity,
                 **aoti_entry,
                 **accuracy,
+                **precision,
                 **(exporter.manifest_entries() if hasattr(exporter, "manifest_entries") else {}),
             }
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -58,3 +59,14 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:
         return tensor.float().numpy()
     return tensor.contiguous().numpy()
+
+
+_NO_KERNEL = re.compile(r"Could not find an implementation for (\S+?)\((\d+)\) node with name '([^']*)'")
+
+
+def missing_kernel(error: BaseException) -> tuple[str, int, str] | None:
+    """``(op type, opset version, node name)`` when ``error`` is onnxruntime refusing a session because its
+    providers have no kernel for a node (``NOT_IMPLEMENTED : Could not find an implementation for Add(14) node
+    with name 'node_add_10'``), else None."""
+    found = _NO_KERNEL.search(str(error))
+    return (found.group(1), int(found.group(2)), found.group(3)) if found else None

@@ -6,6 +6,7 @@ Each workaround declares its stage where it is registered; the modules:
 - ``torch_patches``: Stage 2, torch ops the ExecuTorch backends reject, rewritten in core ATen ops.
 - ``complex_numbers``: Stage 2, model code computing in complex numbers (rotary tables, FNet's FFT).
 - ``moe``: Stage 2, transformers' experts implementations ExecuTorch cannot run.
+- ``reduced_precision``: Stage 2, float16 and bfloat16 normalisations computed in float32.
 - ``executorch_patches``: Stage 3, ExecuTorch internals that break on valid dynamic-shape graphs.
 - ``lowering_speed``: Stage 3, lowering steps skipped where they would find nothing to do (pinned to executorch 1.4).
 - ``xnnpack_partitions``: Stage 3, decompositions that keep attention and LayerNorm inside XNNPACK partitions.
@@ -20,5 +21,6 @@ from . import fx_node_fixes as _fx_node_fixes  # noqa: F401
 from . import fx_program_fixes as _fx_program_fixes  # noqa: F401
 from . import moe as _moe  # noqa: F401
 from . import lowering_speed as _lowering_speed  # noqa: F401
+from . import reduced_precision as _reduced_precision  # noqa: F401
 from . import torch_patches as _torch_patches  # noqa: F401
 from . import xnnpack_partitions as _xnnpack_partitions  # noqa: F401

@@ -34,15 +34,18 @@ def _moved(model: torch.nn.Module, inputs: dict[str, Any], device: str, dtype: t
 
 @register_executorch_backend("xnnpack")
 def prepare_for_xnnpack(model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[torch.nn.Module, dict[str, Any], list[Any]]:
-    """XNNPACK: CPU, float32, the XNNPACK partitioner (ops it does not take run on portable kernels).
+    """XNNPACK: CPU, float32 (float16 when the model is float16: ``--dtype float16``), the XNNPACK partitioner
+    (ops it does not take run on portable kernels).
 
-    Pattern: every model; XNNPACK's kernels are float32 (or quantised) on CPU.
+    Pattern: every model; XNNPACK's kernels are float32, float16 or quantised on CPU (a bfloat16 or float64
+    model is cast to float32).
     Models: all.
     Upstream: not a workaround (backend selection); https://docs.pytorch.org/executorch/stable/backends-xnnpack.html
     Remove when: never (the backend's entry point)
     """
     partition = require("executorch.backends.xnnpack.partition.xnnpack_partitioner", "The ExecuTorch XNNPACK backend")
-    model, inputs = _moved(model, inputs, "cpu", torch.float32)
+    floating = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    model, inputs = _moved(model, inputs, "cpu", torch.float16 if floating == {torch.float16} else torch.float32)
     return model, inputs, [partition.XnnpackPartitioner()]
 
 
