@@ -16,13 +16,3 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, tor
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-
-
-def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, as ``make test`` runs): the tests of a module that share a
-    module-scoped fixture (an export made once for them) run in one worker, so the fixture is built once."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        shared = [name for name, defs in (info.name2fixturedefs.items() if info else ()) if defs and defs[-1].scope == "module"]
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

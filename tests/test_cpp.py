@@ -354,6 +354,7 @@ def test_aoti_minilm_forward_equals_eager(tmp_path):
     assert len(re.findall(r"^\S+: max abs diff \S+ ok$", result.stdout, re.M)) == len(expected)
 
 
+@pytest.mark.slow  # two AOTInductor compilations (~45 s); the fast tier compiles MiniLM's forward above
 def test_aoti_greedy_ids_equal_eager_generate(llama_generation, tmp_path):
     model, _ = llama_generation
     checkpoint = tmp_path / "ckpt"

@@ -180,7 +180,7 @@ MODELS = {
     "mamba": mamba,
     "qwen3_5": qwen3_5,
 }
-FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo"), ("llava", "dynamo"), ("jamba", "dynamo"), ("mamba", "dynamo"), ("qwen3_5", "dynamo")}
+FAST = {("llama", "dynamo"), ("llama", "onnx"), ("llama", "executorch"), ("t5", "dynamo"), ("llava", "dynamo"), ("jamba", "dynamo"), ("mamba", "dynamo")}
 #: (model, backend) pairs that do not pass yet, expected to fail (strictly), with the cause
 XFAIL: dict[tuple[str, str], str] = {}
 #: (model, backend) pairs whose ids match eager on some runs only (expected to fail, not strictly), with the cause
