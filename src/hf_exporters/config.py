@@ -73,7 +73,14 @@ class ExecutorchConfig(DynamoConfig):
         max_seq_len: upper bound of every dynamic axis left unbounded (sequence, cache, batch): ExecuTorch
             plans memory for the largest size, so a longer input fails at run time. None: 128 (or the
             example's size when larger). A generation folder's prompt plus new tokens must fit in it.
+        quantize: ``"8da4w"`` or ``"8da8w"``: the linear layers quantized with torchao in Stage 1 (int8
+            dynamic activations, int4 or int8 weights; ``hf_exporters.exporters.executorch_quantize``),
+            None for float.
+        group_size: input features per weight scale with ``quantize`` (a power of 2); None: the mode's
+            default (32 for ``8da4w``, one scale per output channel for ``8da8w``).
     """
 
     backend: str = "xnnpack"
     max_seq_len: int | None = None
+    quantize: str | None = None
+    group_size: int | None = None

@@ -92,20 +92,30 @@ def make_config(
     opset: int | None = None,
     optimize: str | None = None,
     quantize: str | None = None,
+    group_size: int | None = None,
 ) -> Any:
     """The exporter's config with ``dynamic`` (and, for ExecuTorch, the backend ``recipe`` and the
-    ``max_seq_len`` bound of dynamic axes; for ONNX the ``opset``, the ``optimize`` level and
-    ``quantize``) set; ``on_static_axis`` is ``"warn"`` or ``"error"``.
+    ``max_seq_len`` bound of dynamic axes and ``quantize`` (``8da4w``, ``8da8w``) with its ``group_size``;
+    for ONNX the ``opset``, the ``optimize`` level and ``quantize``) set; ``on_static_axis`` is ``"warn"``
+    or ``"error"``.
 
     Raises:
         InputError: ``recipe`` or ``max_seq_len`` for another backend than executorch; ``max_seq_len`` < 2;
             ``on_static_axis`` neither ``"warn"`` nor ``"error"``; ``opset``, ``optimize`` or
-            ``quantize`` for another backend than onnx; an unknown level or quantization; ``opset``
+            ``quantize`` for dynamo; ``group_size`` for another backend than executorch; an unknown level,
+            quantization mode or group size; ``opset``
             outside 18 to the newest onnx and onnxscript support.
     """
     if on_static_axis not in ("warn", "error"):
         raise InputError(f"--on-static-axis must be warn or error, got {on_static_axis!r}")
     config = exporter.config_class(dynamic=dynamic, on_static_axis=on_static_axis)
+    if hasattr(config, "group_size"):  # executorch: quantized linear layers (torchao), not onnxruntime's quantizer
+        from .exporters.executorch_quantize import check_quantize as check_executorch_quantize
+
+        config.quantize, config.group_size = check_executorch_quantize(quantize, group_size)
+        quantize = None
+    elif group_size is not None:
+        raise InputError(f"--group-size applies to the executorch backend's --quantize 8da4w or 8da8w, not {exporter.name!r}")
     if opset is not None or optimize is not None or quantize is not None:
         if not hasattr(config, "opset_version"):
             option = "--opset" if opset is not None else "--optimize" if optimize is not None else "--quantize"
@@ -357,6 +367,7 @@ def export_to_folder(
     optimize: str | None = None,
     quantize: str | None = None,
     dtype: str | None = None,
+    group_size: int | None = None,
 ) -> dict[str, Any]:
     """Export ``model`` with ``backend`` into the folder ``output`` and return the manifest written there.
 
@@ -365,9 +376,10 @@ def export_to_folder(
     ``constrained_axes`` (symbolic, but refusing size 1, with their range); ``on_static_axis="error"``
     fails the export on a static axis instead of recording it.
 
-    ``opset``, ``optimize`` and ``quantize`` (onnx only) set ``OnnxConfig.opset_version``,
+    ``opset``, ``optimize`` and ``quantize`` (onnx: ``int8-dynamic``, ``int8-static``) set ``OnnxConfig.opset_version``,
     ``OnnxConfig.optimize`` and ``OnnxConfig.quantize``; the manifest records the opset, level,
-    fusions applied and quantization under ``"onnx"``. A quantized artifact is validated by the
+    fusions applied and quantization under ``"onnx"``. With executorch, ``quantize`` (``8da4w``, ``8da8w``)
+    and ``group_size`` set ``ExecutorchConfig.quantize`` and ``group_size`` (recorded under ``"executorch"``). A quantized artifact is validated by the
     accuracy of its mean-pooled sentence embeddings against float32 eager over the shipped sentences
     (``runtime.embedding_accuracy``, manifest key ``accuracy``), not by element parity; ``int8-static``
     calibrates on the same sentences. Both need the checkpoint's tokenizer (``preprocessor``).
@@ -400,7 +412,9 @@ def export_to_folder(
     exporter = make_exporter(backend)
     if aoti and backend != "dynamo":
         raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
-    config = make_config(exporter, dynamic, recipe, max_seq_len, on_static_axis, opset=opset, optimize=optimize, quantize=quantize)
+    config = make_config(
+        exporter, dynamic, recipe, max_seq_len, on_static_axis, opset=opset, optimize=optimize, quantize=quantize, group_size=group_size
+    )
     tolerance = exporter.default_atol if atol is None else atol
     torch_dtype = parse_dtype(dtype)
     reduced = torch_dtype is not None and torch_dtype != torch.float32

@@ -21,6 +21,7 @@ from ..shapes import size_oblivious_sizes
 from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
 from ..workarounds.executorch.lowering_speed import check_pinned_internals
 from ._common import normalize_inputs, stage
+from .executorch_quantize import check_quantize, quantize_linears
 from .dynamo import DynamoExporter
 from .result import ExportResult, trace_stage_seconds
 
@@ -71,6 +72,12 @@ class ExecutorchExporter(DynamoExporter):
         register_model_pytrees(None)
         return ExecutorchRunner(path)
 
+    def manifest_entries(self) -> dict[str, Any]:
+        """What ``export.json`` records of the last export's quantization under ``"executorch"`` (mode, group
+        size, linear layers quantized and left float); nothing for a float export."""
+        quantization = getattr(self, "quantization", None)
+        return {"executorch": dict(quantization)} if quantization else {}
+
     def export(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: ExecutorchConfig | None = None) -> Any:
         """Trace ``model(**inputs)`` and lower it to an ExecuTorch program: ``run(model, inputs, config).program``.
 
@@ -92,8 +99,12 @@ class ExecutorchExporter(DynamoExporter):
             of delegated partitions of each method; ``stage_seconds`` lists the five stages, the trace's
             dynamo stages (``dynamo: Stage N: ...``), the trace, the lowering and the serialisation.
 
+        With ``config.quantize``, Stage 1 quantizes the linear layers of a copy of ``model``
+        (:func:`~hf_exporters.exporters.executorch_quantize.quantize_linears`); ``model`` is left in float.
+
         Raises:
-            MissingDependencyError: executorch is not installed.
+            MissingDependencyError: executorch (or, to quantize, torchao) is not installed.
+            InputError: an unknown backend or quantization mode, or a group size no linear layer takes.
             ExportStageError: a stage, the trace or the lowering failed; the message names it.
         """
         config = config or ExecutorchConfig()
@@ -110,6 +121,11 @@ class ExecutorchExporter(DynamoExporter):
                         f"unknown ExecuTorch backend {config.backend!r}; known backends: {', '.join(sorted(backends))}"
                     )
                 model, inputs, partitioners = backends[config.backend](model, inputs)
+                self.quantization = None
+                if config.quantize is not None:  # on a copy: the caller's model stays the float reference
+                    mode, group_size = check_quantize(config.quantize, config.group_size)
+                    model, count, left_float = quantize_linears(model, mode, group_size)
+                    self.quantization = {"quantize": mode, "group_size": group_size, "quantized_linears": count, "float_linears": left_float}
 
             with contextlib.ExitStack() as trace_patches:  # the Stage 2 patches: for the trace only
                 # ── Stage 2: Torch patches ──
