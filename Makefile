@@ -27,12 +27,14 @@ $(STAMP): pyproject.toml requirements.lock
 demo: $(STAMP) cpp
 	$(PY) -m hf_exporters.demo
 
-# pytest in PYTEST_JOBS processes (pytest-xdist; the tests of one file run in one of them, so a module-scoped
-# fixture, an export several tests share, is built once: xdist 3.8's loadgroup does not group under pytest 9,
-# whose node ids it can no longer suffix). Two halve the wall time on an idle 2-core machine; on a machine other
-# jobs keep busy they only add each worker's start-up: run `make test PYTEST_JOBS=0` there (one process).
+# pytest in PYTEST_JOBS processes (pytest-xdist, worksteal: each worker starts on one contiguous half of the
+# tests, file after file, and takes tests from the other's queue when its own runs out, so a module-scoped fixture,
+# an export several tests share, is mostly built once while the load stays balanced; xdist 3.8's loadgroup does
+# not group under pytest 9, whose node ids it can no longer suffix). Two halve the wall time on an idle 2-core
+# machine; on a machine other jobs keep busy they only add each worker's start-up: run `make test PYTEST_JOBS=0`
+# there (one process).
 PYTEST_JOBS ?= 2
-PYTEST := $(PY) -m pytest -q -n $(PYTEST_JOBS) --dist loadfile
+PYTEST := $(PY) -m pytest -q -n $(PYTEST_JOBS) --dist worksteal
 
 # the fast tier: every unit, the smallest test of each workaround, the CLI, the C++ runner (tests/test_cpp.py)
 test: $(STAMP) cpp cpp-asan

@@ -26,6 +26,7 @@ _REDUCED = (torch.float16, torch.bfloat16)
 def _patch_norms_in_float32(original: Any) -> Any:
     """Compute a float16 or bfloat16 layer or group normalisation in float32 and cast the result back.
 
+    Pattern: ``F.layer_norm`` or ``F.group_norm`` of a float16 or bfloat16 tensor.
     Shapes: unchanged (``input`` (N, ..., C) -> same shape and dtype).
     Models: every model exported in float16 or bfloat16 that normalises with LayerNorm or GroupNorm
         (BertModel / all-MiniLM-L6-v2: all outputs NaN without it; tests/test_precision.py).
