@@ -193,6 +193,27 @@ def test_generator_with_the_cpp_runtime_equals_the_python_runtime(llama_generati
     assert cpp.tolist() == eager.tolist()
 
 
+def test_generator_with_the_python_runtime_equals_eager_and_refuses_long_prompts(llama_generation):
+    """The same folder through ``executorch.runtime`` (the Python generator; the fast tier's ExecuTorch generation
+    round trip, sharing this module's export): a padded batch gives eager's ids, and a prompt past the bound the
+    programs were planned for is refused before the runtime runs."""
+    from hf_exporters.errors import InputError
+    from hf_exporters.workarounds.executorch.fx_program_fixes import UNBOUNDED_DIM_MAX
+
+    model, folder = llama_generation
+    inputs = {"input_ids": torch.tensor([[5, 17, 33, 2, 71, 9], [0, 0, 4, 8, 15, 16]]), "attention_mask": torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])}
+    with torch.no_grad():
+        eager = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    generator = ExportedGenerator.from_pretrained(folder)
+    assert generator.generate(**inputs, max_new_tokens=8).tolist() == eager.tolist()
+    limit = UNBOUNDED_DIM_MAX
+    long_prompt = torch.randint(3, 64, (1, limit + 72))
+    with pytest.raises(InputError, match=rf"^prompt of {limit + 72} tokens: this folder was exported for at most {limit} \(re-export with a larger --max-seq-len\)$"):
+        generator.generate(input_ids=long_prompt, max_new_tokens=2)
+    with pytest.raises(InputError, match=rf"^prompt of 100 tokens plus 40 new tokens needs 139 positions: this folder was exported for at most {limit} "):
+        generator.generate(input_ids=long_prompt[:, :100], max_new_tokens=40)
+
+
 def test_cli_generate_with_the_cpp_runtime(llama_generation):
     _, folder = llama_generation
     done = subprocess.run([sys.executable, "-m", "hf_exporters.cli", "generate", str(folder), "--prompt", "a b c d e f",
