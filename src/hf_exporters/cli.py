@@ -195,6 +195,8 @@ def _export(
 
             if quantize is not None:
                 raise InputError(f"--quantize is not supported for {task} exports yet: their accuracy check (next-token agreement) is not written")
+            if group_size is not None:
+                raise InputError(f"--group-size is not supported for {task} exports yet: they are not quantized")
             if dtype is not None:
                 raise InputError(f"--dtype is not supported for {task} exports yet: their parts are exported in the checkpoint's dtype")
 

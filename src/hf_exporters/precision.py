@@ -57,8 +57,11 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def cast_for_export(model: torch.nn.Module, inputs: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     """Cast ``model`` in place (``model.to(dtype)``: floating parameters and buffers) and return ``inputs`` with
-    every floating tensor cast to ``dtype`` (integer ids and masks unchanged; nested lists and dicts walked)."""
+    every floating tensor cast to ``dtype`` (integer ids and masks unchanged; nested lists and dicts walked).
+    ``model.hfx_export_dtype`` records the request, so a backend keeps a dtype it would otherwise cast away
+    (XNNPACK keeps float16 only when asked for it)."""
     model.to(dtype)
+    model.hfx_export_dtype = dtype
     return _cast_tree(inputs, dtype)
 
 

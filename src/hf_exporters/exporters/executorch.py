@@ -108,6 +108,7 @@ class ExecutorchExporter(DynamoExporter):
             ExportStageError: a stage, the trace or the lowering failed; the message names it.
         """
         config = config or ExecutorchConfig()
+        self.quantization = None
         exir = require("executorch.exir", "The ExecuTorch exporter")
         inputs = normalize_inputs(inputs)
         scope = f"executorch.{config.backend}"

@@ -34,7 +34,7 @@ def _moved(model: torch.nn.Module, inputs: dict[str, Any], device: str, dtype: t
 
 @register_executorch_backend("xnnpack")
 def prepare_for_xnnpack(model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[torch.nn.Module, dict[str, Any], list[Any]]:
-    """XNNPACK: CPU, float32 (float16 when the model is float16: ``--dtype float16``), the XNNPACK partitioner
+    """XNNPACK: CPU, float32 (float16 when ``--dtype float16`` asked for it), the XNNPACK partitioner
     (ops it does not take run on portable kernels).
 
     Pattern: every model; XNNPACK's kernels are float32, float16 or quantised on CPU (a bfloat16 or float64
@@ -44,8 +44,8 @@ def prepare_for_xnnpack(model: torch.nn.Module, inputs: dict[str, Any]) -> tuple
     Remove when: never (the backend's entry point)
     """
     partition = require("executorch.backends.xnnpack.partition.xnnpack_partitioner", "The ExecuTorch XNNPACK backend")
-    floating = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    model, inputs = _moved(model, inputs, "cpu", torch.float16 if floating == {torch.float16} else torch.float32)
+    asked = getattr(model, "hfx_export_dtype", None)  # set by --dtype (hf_exporters.precision.cast_for_export)
+    model, inputs = _moved(model, inputs, "cpu", torch.float16 if asked == torch.float16 else torch.float32)
     return model, inputs, [partition.XnnpackPartitioner()]
 
 
