@@ -825,7 +825,7 @@ def _counting_simplify(monkeypatch):
 
 
 def test_floor_division_by_a_common_factor_cancels_it_without_sympy_simplify(monkeypatch):
-    """``FloorDiv(s*a + s*b, 2*s)`` cancels ``s``: torch's eval calls ``sympy.simplify`` on each quotient
+    """``_patch_floordiv_cancels_without_simplify``: ``FloorDiv(s*a + s*b, 2*s)`` cancels ``s``: torch's eval calls ``sympy.simplify`` on each quotient
     (seconds each on a Swin stage's nested sizes), the patch cancels term by term and keeps the full
     simplify for a quotient that leaves a denominator."""
     import sympy

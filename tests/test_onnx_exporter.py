@@ -247,6 +247,8 @@ def test_fix_view_as_reshape() -> None:
 
 
 class _GroupedMM(torch.nn.Module):
+    """Rows (S, in) times per-group weights (E, in, out) over ragged groups ending at ``offs`` (E,)."""
+
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(weight)
@@ -256,8 +258,13 @@ class _GroupedMM(torch.nn.Module):
 
 
 def test_grouped_mm_translation(tmp_path: Path) -> None:
+    """``transformers::grouped_mm_fallback`` (``_aten_grouped_mm_fallback``: torchlib has no translation)
+    gathers each row's group weight; onnxruntime matches eager, rows past the last group stay zero."""
     import transformers.integrations.moe  # noqa: F401  (defines torch.ops.transformers.grouped_mm_fallback)
 
+    from hf_exporters.workarounds.onnx.translations import _aten_grouped_mm_fallback
+
+    assert registry.onnx_translation_table()[torch.ops.transformers.grouped_mm_fallback.default] is _aten_grouped_mm_fallback
     torch.manual_seed(0)
     model = _GroupedMM(torch.randn(4, 8, 5)).eval()
     # 7 rows: group 0 has 2, group 1 none, group 2 has 4, group 3 has 1
@@ -271,6 +278,24 @@ def test_grouped_mm_translation(tmp_path: Path) -> None:
     out = exporter.load_runner(path)(short)[0]
     np.testing.assert_array_equal(out[5:], 0.0)
     np.testing.assert_allclose(out, model(**short).detach().numpy(), atol=1e-5)
+
+
+def test_aten_grouped_mm_translation_takes_offsets() -> None:
+    """``aten::_grouped_mm`` with ``offs`` (transformers' grouped_mm experts with bfloat16 weights; torchlib
+    refuses ``offs``): ``_aten_grouped_mm`` is registered for it and, evaluated by onnxscript on float32
+    arrays (onnxruntime's CPU provider has no bfloat16 MatMul), gives torch's bfloat16 result to
+    bfloat16 rounding, row by row within the groups."""
+    from hf_exporters.workarounds.onnx.translations import _aten_grouped_mm
+
+    assert registry.onnx_translation_table()[torch.ops.aten._grouped_mm.default] is _aten_grouped_mm
+    generator = torch.Generator().manual_seed(0)
+    rows, weight = torch.randn(7, 8, generator=generator), torch.randn(4, 8, 8, generator=generator)  # 16-byte strides
+    offs = torch.tensor([2, 2, 6, 7], dtype=torch.int32)
+    expected = torch._grouped_mm(rows.bfloat16(), weight.bfloat16(), offs=offs).float()
+    got = _aten_grouped_mm(rows.bfloat16().float().numpy(), weight.bfloat16().float().numpy(), offs.numpy())
+    got = np.asarray(got.value if hasattr(got, "value") else got)
+    assert got.shape == (7, 8) and float(expected.abs().max()) > 1.0
+    np.testing.assert_allclose(got, expected.numpy(), rtol=2e-2, atol=5e-2)
 
 
 def test_fix_ir_topk_sorted() -> None:
@@ -329,7 +354,8 @@ def test_vmap_mask_expansion_by_broadcast(tmp_path: Path) -> None:
     _, diff = _onnx_parity(_VmapMask(), inputs, tmp_path)
     assert diff == 0.0
     assert (masking_utils._vmap_expansion_sdpa, masking_utils.TransformGetItemToIndex) == original  # restored
-    # the dynamo backend writes the .pt2 (no flat_apply node left to serialise) and loads it back
+    # the dynamo backend writes the .pt2 (with _patch_mask_index_mode_off no flat_apply node is left to
+    # serialise) and loads it back
     dynamo = DynamoExporter()
     path = dynamo.save(dynamo.export(_VmapMask(), inputs), tmp_path / "pt2")
     (report,) = check_parity(_VmapMask(), dynamo.load_runner(path), [inputs], atol=1e-6)
@@ -817,7 +843,7 @@ agraph (float[2, 8] X) => (float[2, 4] A, float[2, 4] B, float[2, 8] Y) {{
 
 
 def test_multi_output_rewrite_does_not_walk_the_graph_per_node(monkeypatch):
-    """``SlicesSplit`` (two Slices -> one Split) indexed the whole graph at every node it was tried
+    """``_patch_multi_output_match_checks_the_first_node_first``: ``SlicesSplit`` (two Slices -> one Split) indexed the whole graph at every node it was tried
     on; with the patch only the Slice nodes pay that walk, and the optimized graph is the same."""
     import onnxscript.optimizer
 
@@ -894,7 +920,7 @@ class _ReturnsItsSides(torch.nn.Module):
 
 
 def test_size_outputs_are_not_onnx_outputs(tmp_path: Path) -> None:
-    """Sizes a model returns are Python ints in eager and constants in a static export; a dynamic export
+    """``_patch_output_node_constants``: sizes a model returns are Python ints in eager and constants in a static export; a dynamic export
     leaves them out of the ONNX outputs too, next to a size that stays constant, so both exports have
     eager's tensor outputs, in order."""
     inputs = {"x": torch.randn(2, 3, 8, 10)}

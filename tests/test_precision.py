@@ -95,20 +95,23 @@ def _norm_inputs() -> dict[str, torch.Tensor]:
     return {"hidden": hidden.half(), "image": (20 * torch.randn(2, 16, 6, 6, generator=generator)).half()}
 
 
-def _run_in_executorch(module: torch.nn.Module, inputs: dict[str, torch.Tensor], folder) -> list[torch.Tensor]:
+def _run_in_executorch(module: torch.nn.Module, inputs: dict[str, torch.Tensor], folder) -> tuple[list[torch.Tensor], list[str]]:
+    """The portable ``.pte`` of ``module``, run in executorch.runtime: (outputs as float32, names of the workarounds fired)."""
     from hf_exporters import ExecutorchConfig, ExecutorchExporter
 
     exporter = ExecutorchExporter()
     result = exporter.run(module, inputs, ExecutorchConfig(backend="portable"))
     exporter.save(result.program, folder)
-    return [torch.as_tensor(out).float() for out in exporter.load_runner(folder / "model.pte")(inputs)]
+    outputs = [torch.as_tensor(out).float() for out in exporter.load_runner(folder / "model.pte")(inputs)]
+    return outputs, [w.name for w in result.workarounds_fired]
 
 
 def test_float16_norms_keep_their_values_in_executorch(tmp_path):
     module, inputs = _Norms().half().eval(), _norm_inputs()
     with torch.no_grad():
         expected = [out.float() for out in module(**inputs)]
-    outputs = _run_in_executorch(module, inputs, tmp_path)
+    outputs, fired = _run_in_executorch(module, inputs, tmp_path)
+    assert "_patch_norms_in_float32" in fired
     for got, want in zip(outputs, expected):
         assert torch.isfinite(got).all()
         assert float((got - want).abs().max()) <= 8e-3  # a few float16 steps of values up to ~4
@@ -122,7 +125,7 @@ def test_float16_norms_drift_in_executorch_without_the_patch(tmp_path):
     with torch.no_grad():
         expected = [out.float() for out in module(**inputs)]
     with without_workarounds("_patch_norms_in_float32"):
-        outputs = _run_in_executorch(module, inputs, tmp_path)
+        outputs, _ = _run_in_executorch(module, inputs, tmp_path)
     worst = [float((got - want).abs().nan_to_num(nan=float("inf")).max()) for got, want in zip(outputs, expected)]
     assert max(worst) > 0.1, worst  # executorch 1.4 accumulates in float16: far off or not finite
 

@@ -120,6 +120,29 @@ def test_static_and_class_methods_keep_their_kind(clean_registry):
     assert targets.LoudSpeaker.class_say("c") == "LoudSpeaker:c"
 
 
+def test_a_replacement_given_as_staticmethod_or_classmethod_is_recorded_when_called(clean_registry):
+    """A factory may return ``staticmethod(f)`` itself (Cosmos3 Edge's grid resize does): the call is
+    recorded as fired like a plain function's, and the attribute keeps its kind while patched."""
+
+    def static_factory(orig):
+        return staticmethod(lambda w: orig(w) + "!")
+
+    def class_factory(orig):
+        return classmethod(lambda cls, w: f"{cls.__name__}?{w}")
+
+    register_patch("t.wrapped", f"{T}.Speaker.static_say")(static_factory)
+    register_patch("t.wrapped", f"{T}.Speaker.class_say")(class_factory)
+    with registry.recording_fired() as fired, apply_patches("t.wrapped"):
+        assert isinstance(vars(targets.Speaker)["static_say"], staticmethod)
+        assert isinstance(vars(targets.Speaker)["class_say"], classmethod)
+        assert fired == []
+        assert targets.Speaker.static_say("a") == "a!"
+        assert [w.func for w in fired] == [static_factory]
+        assert targets.LoudSpeaker.class_say("b") == "LoudSpeaker?b"
+    assert [w.func for w in fired] == [static_factory, class_factory]
+    assert targets.Speaker.static_say("a") == "a"
+
+
 def test_unresolved_path_is_skipped_with_one_warning(clean_registry):
     register_patch("t.missing", f"{T}.NoSuchClass.method", "no_such_package_xyz.f")(lambda orig: orig)
     register_patch("t.missing", f"{T}.greet")(lambda orig: lambda name: "patched")
@@ -348,3 +371,42 @@ def test_the_one_stage_of_a_kind_is_the_default(clean_registry):
     with pytest.raises(ValueError, match=re.escape("backend 'dynamo' applies a fx_node_fix in no stage")):
         register_fx_node_fix("dynamo")(lambda gm, node: False)
     assert registry.resolve_stage("patch", "t.own") == "unused (patch)"  # a scope no exporter applies
+
+
+def _fast_tier_test_text() -> str:
+    """The source of every test function and class of tests/test_*.py not marked ``canary`` or ``slow``, and
+    of each module-level constant such a test reads (a table of cases): what ``make test`` runs."""
+    import ast
+    from pathlib import Path
+
+    def marked(node: ast.AST) -> bool:
+        return any(re.search(r"mark\.(canary|slow)\b", ast.unparse(d)) for d in getattr(node, "decorator_list", []))
+
+    pieces = []
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        source = path.read_text()
+        tree = ast.parse(source)
+        tests = [
+            "\n".join([*map(ast.unparse, n.decorator_list), ast.get_source_segment(source, n)])
+            for n in tree.body
+            if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not marked(n)
+        ]
+        pieces += tests
+        body = "\n".join(tests)
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and re.search(rf"\b{t.id}\b", body) for t in node.targets):
+                pieces.append(ast.get_source_segment(source, node))
+    return "\n".join(pieces)
+
+
+def test_every_workaround_is_named_by_a_fast_tier_test():
+    """A workaround's smallest test names it (refused without it, fired, parity, or the function itself
+    called): a new workaround without one fails here, naming it."""
+    import hf_exporters.workarounds  # noqa: F401  (registers them all)
+
+    text = _fast_tier_test_text()
+    names = {w.name for w in registry.list_workarounds()}
+    assert len(names) > 100
+    # the name itself, or a test named for it (``_fix_x`` -> ``test_fix_x``)
+    named = {name for name in names if re.search(rf"(?<![A-Za-z0-9_])(test)?{name}(?![A-Za-z0-9_])", text)}
+    assert sorted(names - named) == []

@@ -339,8 +339,11 @@ def _dynamo_tracing() -> bool:
 
 
 def _recorded(replacement: Any, workaround: Workaround) -> Any:
-    """``replacement`` (a patch's) wrapped so that a call records ``workaround``; a replacement that is
-    not a plain function (a class, a property, a constant) is returned as it is."""
+    """``replacement`` (a patch's) wrapped so that a call records ``workaround``; a ``staticmethod`` or
+    ``classmethod`` is wrapped inside and rewrapped; any other replacement that is not a plain function
+    (a class, a property, a constant) is returned as it is."""
+    if isinstance(replacement, (staticmethod, classmethod)):
+        return type(replacement)(_recorded(replacement.__func__, workaround))
     if not inspect.isfunction(replacement):
         return replacement
 
