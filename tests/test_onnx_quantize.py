@@ -130,14 +130,22 @@ def test_cli_quantize_errors(tmp_path: Path) -> None:
     checkpoint = tmp_path / "bert"
     model.save_pretrained(checkpoint)
 
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "hf_exporters.cli", "export", "-m", str(checkpoint), "-o", str(tmp_path / "x"), *args], capture_output=True, text=True, timeout=300)
+    from typer.testing import CliRunner
 
-    bad = cli("-b", "onnx", "--quantize", "int4")
+    from hf_exporters.cli import app
+
+    def cli(*args: str) -> tuple[int, str]:  # in process: the same exit code and error line as the command
+        result = CliRunner().invoke(app, ["export", "-m", str(checkpoint), "-o", str(tmp_path / "x"), *args])
+        return result.exit_code, result.stderr.strip().splitlines()[-1]
+
+    # a usage error is one line from the command itself (click's own rendering is replaced in main())
+    bad = subprocess.run(
+        [sys.executable, "-m", "hf_exporters.cli", "export", "-m", str(checkpoint), "-o", str(tmp_path / "x"), "-b", "onnx", "--quantize", "int4"],
+        capture_output=True, text=True, timeout=300,
+    )
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: Invalid value for '--quantize': 'int4' is not one of int8-dynamic, int8-static")
-    no_tokenizer = cli("-b", "onnx", "--quantize", "int8-dynamic")
-    assert no_tokenizer.returncode == 1
-    assert no_tokenizer.stderr.strip().splitlines()[-1] == "error: --quantize int8-dynamic calibrates and checks on real sentences: the checkpoint needs a tokenizer"
-    dynamo = cli("-b", "dynamo", "--quantize", "int8-dynamic")
-    assert dynamo.returncode == 1 and dynamo.stderr.strip().splitlines()[-1] == "error: --quantize applies to the onnx backend only, not 'dynamo'"
+    assert cli("-b", "onnx", "--quantize", "int8-dynamic") == (
+        1, "error: --quantize int8-dynamic calibrates and checks on real sentences: the checkpoint needs a tokenizer"
+    )
+    assert cli("-b", "dynamo", "--quantize", "int8-dynamic") == (1, "error: --quantize applies to the onnx backend only, not 'dynamo'")
     assert not (tmp_path / "x").exists()
