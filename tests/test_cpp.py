@@ -109,6 +109,31 @@ def test_tiny_llama_prefill_forward_equals_eager(tmp_path):
     assert set(diffs) == set(expected) and "logits" in diffs  # logits and every layer's key/value cache
 
 
+def test_int8_embedding_lookups_run_in_the_cpp_runtime(tmp_path):
+    """A ``--qembedding 8w`` program holds ``quantized_decomposed::embedding_byte``, a kernel of ExecuTorch's
+    quantized library, not of the runtime in _portable_lib: hfx-run links that library, and its outputs equal
+    the Python runtime's."""
+    from safetensors.torch import save_file
+
+    from hf_exporters.runtime.et_runner import ExecutorchRunner
+
+    torch.manual_seed(0)
+    config = tf.BertConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, max_position_embeddings=16)
+    model = tf.BertModel(config).eval()
+    ids = torch.randint(0, 512, (2, 6), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    folder = tmp_path / "qembedding-pte"
+    manifest = export_to_folder(model, inputs, "executorch", folder, quantize_embeddings="8w", validate=False)
+    assert manifest["executorch"]["embedding_lookups"] == 1
+    python = ExecutorchRunner(folder / "model.pte")(inputs)
+    names = [o["name"] for o in manifest["outputs"]]
+    save_file({spec["name"]: inputs[spec["name"]].contiguous() for spec in manifest["inputs"]}, tmp_path / "in.safetensors")
+    save_file({name: torch.as_tensor(t).contiguous() for name, t in zip(names, python)}, tmp_path / "expected.safetensors")
+    result = _hfx_run(folder, "--inputs", tmp_path / "in.safetensors", "--expect", tmp_path / "expected.safetensors", "--atol", "1e-6")
+    assert result.returncode == 0, result.stderr
+    assert sorted(re.findall(r"^(\S+): max abs diff \S+ ok$", result.stdout, re.M)) == sorted(names)
+
+
 def test_a_wrong_expectation_exits_2(minilm_folder, tmp_path):
     from safetensors.torch import save_file
 

@@ -110,6 +110,12 @@ def export(
     group_size: Optional[int] = typer.Option(
         None, "--group-size", help="executorch --quantize: input features per weight scale (a power of 2); default 32 for 8da4w, per channel for 8da8w."
     ),
+    qembedding: Optional[str] = typer.Option(
+        None,
+        "--qembedding",
+        help="executorch: 8w (every embedding table in int8, one scale per row; ExecuTorch's quantized embedding kernel). "
+        "Checked by sentence-embedding accuracy against float32 eager; needs a tokenizer.",
+    ),
     on_static_axis: _OnStaticAxis = typer.Option(
         "warn", "--on-static-axis", help="With --dynamic, an axis that ends static (fixed by the trace or pinned by a guard): warn | error."
     ),
@@ -130,6 +136,7 @@ def export(
     from . import interrupts
     from .errors import InputError
     from .exporters.onnx_optimize import OPTIMIZE_LEVELS, check_opset
+    from .exporters.executorch_quantize import EMBEDDING_MODES
     from .exporters.executorch_quantize import QUANTIZE_MODES as EXECUTORCH_QUANTIZE_MODES
     from .exporters.onnx_quantize import QUANTIZE_MODES
     from .precision import DTYPES
@@ -141,6 +148,8 @@ def export(
     modes = (*QUANTIZE_MODES, *EXECUTORCH_QUANTIZE_MODES)
     if quantize is not None and quantize not in modes:
         raise typer.BadParameter(f"{quantize!r} is not one of {', '.join(modes)}", param_hint="'--quantize'")
+    if qembedding is not None and qembedding not in EMBEDDING_MODES:
+        raise typer.BadParameter(f"{qembedding!r} is not one of {', '.join(EMBEDDING_MODES)}", param_hint="'--qembedding'")
     if opset is not None and backend == "onnx":
         try:
             check_opset(opset)
@@ -151,7 +160,7 @@ def export(
         with interrupts.handled():
             _export(
                 model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights,
-                _OnStaticAxis(on_static_axis).value, opset, optimize, quantize, trust_remote_code, dtype, group_size,
+                _OnStaticAxis(on_static_axis).value, opset, optimize, quantize, trust_remote_code, dtype, group_size, qembedding,
             )
     except interrupts.Interrupted as stop:
         _fail(f"{stop}; nothing was written to {output}", stop.exit_code)
@@ -177,6 +186,7 @@ def _export(
     trust_remote_code: bool = False,
     dtype: Optional[str] = None,
     group_size: Optional[int] = None,
+    qembedding: Optional[str] = None,
 ) -> None:
     from .checkpoints import resolve_model
     from .errors import HfExportersError, InputError
@@ -195,8 +205,9 @@ def _export(
 
             if quantize is not None:
                 raise InputError(f"--quantize is not supported for {task} exports yet: their accuracy check (next-token agreement) is not written")
-            if group_size is not None:
-                raise InputError(f"--group-size is not supported for {task} exports yet: they are not quantized")
+            if group_size is not None or qembedding is not None:
+                option = "--group-size" if group_size is not None else "--qembedding"
+                raise InputError(f"{option} is not supported for {task} exports yet: they are not quantized")
             if dtype is not None:
                 raise InputError(f"--dtype is not supported for {task} exports yet: their parts are exported in the checkpoint's dtype")
 
@@ -231,6 +242,7 @@ def _export(
             quantize=quantize,
             dtype=dtype,
             group_size=group_size,
+            quantize_embeddings=qembedding,
         )
     except HfExportersError as error:
         _fail(str(error))
@@ -240,8 +252,9 @@ def _export(
     versus_float32 = manifest.get("parity_float32")
     if "accuracy" in manifest:
         accuracy = manifest["accuracy"]
+        modes = ", ".join([*([quantize] if quantize else []), *([f"{qembedding} embeddings"] if qembedding else [])])
         typer.echo(
-            f"exported {manifest['model_class']} ({task_name}) with {backend}, {quantize}, to {output / manifest['artifact']} "
+            f"exported {manifest['model_class']} ({task_name}) with {backend}, {modes}, to {output / manifest['artifact']} "
             f"in {manifest['export_seconds']:.1f} s; sentence embeddings vs eager float32 over {accuracy['sentences']} sentences: "
             f"min cosine {accuracy['min_cosine']:.4f}, mean {accuracy['mean_cosine']:.4f}, nearest-neighbour agreement {accuracy['neighbour_agreement']:.2f}"
         )

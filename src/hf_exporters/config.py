@@ -78,9 +78,12 @@ class ExecutorchConfig(DynamoConfig):
             None for float.
         group_size: input features per weight scale with ``quantize`` (a power of 2); None: the mode's
             default (32 for ``8da4w``, one scale per output channel for ``8da8w``).
+        quantize_embeddings: ``"8w"``: every ``nn.Embedding`` table in int8 (one scale per row), looked up
+            by ExecuTorch's ``quantized_decomposed::embedding_byte`` kernel; None for float.
     """
 
     backend: str = "xnnpack"
     max_seq_len: int | None = None
     quantize: str | None = None
     group_size: int | None = None
+    quantize_embeddings: str | None = None

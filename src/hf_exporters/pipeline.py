@@ -93,6 +93,7 @@ def make_config(
     optimize: str | None = None,
     quantize: str | None = None,
     group_size: int | None = None,
+    quantize_embeddings: str | None = None,
 ) -> Any:
     """The exporter's config with ``dynamic`` (and, for ExecuTorch, the backend ``recipe`` and the
     ``max_seq_len`` bound of dynamic axes and ``quantize`` (``8da4w``, ``8da8w``) with its ``group_size``;
@@ -102,7 +103,7 @@ def make_config(
     Raises:
         InputError: ``recipe`` or ``max_seq_len`` for another backend than executorch; ``max_seq_len`` < 2;
             ``on_static_axis`` neither ``"warn"`` nor ``"error"``; ``opset``, ``optimize`` or
-            ``quantize`` for dynamo; ``group_size`` for another backend than executorch; an unknown level,
+            ``quantize`` for dynamo; ``group_size`` or ``quantize_embeddings`` for another backend than executorch; an unknown level,
             quantization mode or group size; ``opset``
             outside 18 to the newest onnx and onnxscript support.
     """
@@ -112,10 +113,15 @@ def make_config(
     if hasattr(config, "group_size"):  # executorch: quantized linear layers (torchao), not onnxruntime's quantizer
         from .exporters.executorch_quantize import check_quantize as check_executorch_quantize
 
+        from .exporters.executorch_quantize import check_embedding_quantize
+
         config.quantize, config.group_size = check_executorch_quantize(quantize, group_size)
+        config.quantize_embeddings = check_embedding_quantize(quantize_embeddings)
         quantize = None
     elif group_size is not None:
         raise InputError(f"--group-size applies to the executorch backend's --quantize 8da4w or 8da8w, not {exporter.name!r}")
+    elif quantize_embeddings is not None:
+        raise InputError(f"--qembedding applies to the executorch backend only, not {exporter.name!r}")
     if opset is not None or optimize is not None or quantize is not None:
         if not hasattr(config, "opset_version"):
             option = "--opset" if opset is not None else "--optimize" if optimize is not None else "--quantize"
@@ -276,7 +282,7 @@ def _outputs_entry(exporter: Any, program: Any, eager: list[tuple[str, torch.Ten
 
 
 def _sentence_batches(
-    model: torch.nn.Module, preprocessor: Any, inputs: dict[str, Any], dynamic: bool, quantize: str, validate: bool
+    model: torch.nn.Module, preprocessor: Any, inputs: dict[str, Any], dynamic: bool, quantize: str, validate: bool, option: str = "--quantize"
 ) -> list[dict[str, Any]] | None:
     """The shipped sentences tokenized for a quantized export's calibration and accuracy check, in
     batches the artifact takes (the example's batch and length when static); None when neither is needed.
@@ -287,7 +293,7 @@ def _sentence_batches(
     if not validate and quantize != "int8-static":
         return None
     if preprocessor is None or not hasattr(preprocessor, "pad"):
-        raise InputError(f"--quantize {quantize} calibrates and checks on real sentences: the checkpoint needs a tokenizer")
+        raise InputError(f"{option} {quantize} calibrates and checks on real sentences: the checkpoint needs a tokenizer")
     ids = inputs.get("input_ids")
     batch, length = (8, None) if dynamic or ids is None else (int(ids.shape[0]), int(ids.shape[1]))
     return sentence_batches(preprocessor, forward_parameters(model), batch=batch, length=length)
@@ -368,6 +374,7 @@ def export_to_folder(
     quantize: str | None = None,
     dtype: str | None = None,
     group_size: int | None = None,
+    quantize_embeddings: str | None = None,
 ) -> dict[str, Any]:
     """Export ``model`` with ``backend`` into the folder ``output`` and return the manifest written there.
 
@@ -379,7 +386,8 @@ def export_to_folder(
     ``opset``, ``optimize`` and ``quantize`` (onnx: ``int8-dynamic``, ``int8-static``) set ``OnnxConfig.opset_version``,
     ``OnnxConfig.optimize`` and ``OnnxConfig.quantize``; the manifest records the opset, level,
     fusions applied and quantization under ``"onnx"``. With executorch, ``quantize`` (``8da4w``, ``8da8w``)
-    and ``group_size`` set ``ExecutorchConfig.quantize`` and ``group_size`` (recorded under ``"executorch"``). A quantized artifact is validated by the
+    and ``group_size`` set ``ExecutorchConfig.quantize`` and ``group_size``, ``quantize_embeddings`` (``8w``)
+    ``ExecutorchConfig.quantize_embeddings`` (recorded under ``"executorch"``). A quantized artifact is validated by the
     accuracy of its mean-pooled sentence embeddings against float32 eager over the shipped sentences
     (``runtime.embedding_accuracy``, manifest key ``accuracy``), not by element parity; ``int8-static``
     calibrates on the same sentences. Both need the checkpoint's tokenizer (``preprocessor``).
@@ -413,13 +421,16 @@ def export_to_folder(
     if aoti and backend != "dynamo":
         raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
     config = make_config(
-        exporter, dynamic, recipe, max_seq_len, on_static_axis, opset=opset, optimize=optimize, quantize=quantize, group_size=group_size
+        exporter, dynamic, recipe, max_seq_len, on_static_axis, opset=opset, optimize=optimize, quantize=quantize, group_size=group_size,
+        quantize_embeddings=quantize_embeddings,
     )
     tolerance = exporter.default_atol if atol is None else atol
     torch_dtype = parse_dtype(dtype)
     reduced = torch_dtype is not None and torch_dtype != torch.float32
     if reduced and quantize is not None:
         raise InputError(f"--quantize {quantize} quantizes a float32 model; it cannot be combined with --dtype {dtype}")
+    if reduced and quantize_embeddings is not None:
+        raise InputError(f"--qembedding {quantize_embeddings} quantizes a float32 model; it cannot be combined with --dtype {dtype}")
     if torch_dtype == torch.bfloat16 and backend == "executorch" and getattr(config, "backend", None) == "xnnpack":
         raise InputError("--dtype bfloat16: XNNPACK has no bfloat16 kernels; export float16 or float32 with xnnpack, or bfloat16 with --recipe portable")
     float32_expected = None
@@ -431,6 +442,8 @@ def export_to_folder(
         if reduced and atol is None:
             tolerance = dtype_tolerance(torch_dtype, exporter.default_atol, eager_outputs(model, inputs))
     sentences = None
+    if quantize is None and quantize_embeddings is not None:  # embeddings alone: checked on sentences as well
+        sentences = _sentence_batches(model, preprocessor, inputs, dynamic, quantize_embeddings, validate, "--qembedding")
     if quantize is not None:
         sentences = _sentence_batches(model, preprocessor, inputs, dynamic, quantize, validate)
         if quantize == "int8-static":

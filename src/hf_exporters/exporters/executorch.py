@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from ..shapes import size_oblivious_sizes
 from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
 from ..workarounds.executorch.lowering_speed import check_pinned_internals
 from ._common import normalize_inputs, stage
-from .executorch_quantize import check_quantize, quantize_linears
+from .executorch_quantize import check_embedding_quantize, check_quantize, fuse_quantized_embeddings, quantize_embeddings, quantize_linears
 from .dynamo import DynamoExporter
 from .result import ExportResult, trace_stage_seconds
 
@@ -100,7 +101,9 @@ class ExecutorchExporter(DynamoExporter):
             dynamo stages (``dynamo: Stage N: ...``), the trace, the lowering and the serialisation.
 
         With ``config.quantize``, Stage 1 quantizes the linear layers of a copy of ``model``
-        (:func:`~hf_exporters.exporters.executorch_quantize.quantize_linears`); ``model`` is left in float.
+        (:func:`~hf_exporters.exporters.executorch_quantize.quantize_linears`); with
+        ``config.quantize_embeddings`` its embedding tables too (``quantize_embeddings``), looked up by
+        ExecuTorch's quantized kernel after the lowering (``fuse_quantized_embeddings``); ``model`` is left in float.
 
         Raises:
             MissingDependencyError: executorch (or, to quantize, torchao) is not installed.
@@ -123,10 +126,17 @@ class ExecutorchExporter(DynamoExporter):
                     )
                 model, inputs, partitioners = backends[config.backend](model, inputs)
                 self.quantization = None
-                if config.quantize is not None:  # on a copy: the caller's model stays the float reference
+                embeddings = check_embedding_quantize(config.quantize_embeddings)
+                if config.quantize is not None or embeddings is not None:
                     mode, group_size = check_quantize(config.quantize, config.group_size)
-                    model, count, left_float = quantize_linears(model, mode, group_size)
-                    self.quantization = {"quantize": mode, "group_size": group_size, "quantized_linears": count, "float_linears": left_float}
+                    model = copy.deepcopy(model)  # the caller's model stays the float reference
+                    quantization: dict[str, Any] = {}
+                    if mode is not None:
+                        model, count, left_float = quantize_linears(model, mode, group_size, in_place=True)
+                        quantization.update(quantize=mode, group_size=group_size, quantized_linears=count, float_linears=left_float)
+                    if embeddings is not None:
+                        quantization.update(quantize_embeddings=embeddings, quantized_embeddings=quantize_embeddings(model, embeddings))
+                    self.quantization = quantization
 
             with contextlib.ExitStack() as trace_patches:  # the Stage 2 patches: for the trace only
                 # ── Stage 2: Torch patches ──
@@ -163,6 +173,8 @@ class ExecutorchExporter(DynamoExporter):
                 # Functionalisation in the lowering turns in-place cache updates into user-input
                 # mutations, which ExecuTorch returns before the model outputs: record how many.
                 edge._config_methods[INPUT_MUTATIONS_METHOD] = _input_mutation_outputs(edge.exported_program())
+                if embeddings is not None:
+                    self.quantization["embedding_lookups"] = fuse_quantized_embeddings(edge)
             with stage(self.name, SERIALISATION, seconds):
                 manager = edge.to_executorch()
         return dataclasses.replace(

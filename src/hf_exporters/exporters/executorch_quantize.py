@@ -10,7 +10,17 @@ model (the caller's model is left in float). Two modes, named as optimum-executo
 
 XNNPACK's partitioner recognises torchao's quantize and dequantize pattern around each ``linear`` and runs
 it as a dynamically quantized fully connected kernel. A linear whose input features are not a multiple of
-the group size stays float. Embeddings and the other ops stay float32.
+the group size stays float.
+
+Embeddings (``ExecutorchConfig.quantize_embeddings``, ``--qembedding`` as optimum-executorch names it):
+
+- ``8w``: every ``nn.Embedding`` table in int8, one scale per row (torchao ``IntxWeightOnlyConfig(int8,
+  PerAxis(0))``). After the lowering, ExecuTorch's own quant fusion (``quant_fusion_and_const_prop_pass``)
+  replaces each ``dequantize_affine`` + ``embedding`` pair with ``quantized_decomposed::embedding_byte``,
+  a kernel of ExecuTorch's quantized operator library (a gather is not XNNPACK's: it runs outside the
+  delegate, as the float lookup does). The table of all-MiniLM-L6-v2 (30522 x 384) is half its weights.
+
+The other ops stay float32.
 
 The accuracy of a quantized artifact is not element parity: the pipeline measures it against float32 eager
 on real sentences (:mod:`hf_exporters.runtime.embedding_accuracy`). On all-MiniLM-L6-v2 ``8da8w`` keeps a
@@ -29,6 +39,8 @@ from ..errors import InputError
 
 #: quantization modes (``--quantize`` with ``--backend executorch``) -> weight bits
 QUANTIZE_MODES: dict[str, int] = {"8da4w": 4, "8da8w": 8}
+#: embedding quantization modes (``--qembedding``) -> weight bits
+EMBEDDING_MODES: dict[str, int] = {"8w": 8}
 #: the group size of each mode when none is given (None: one scale per output channel)
 DEFAULT_GROUP_SIZE: dict[str, int | None] = {"8da4w": 32, "8da8w": None}
 
@@ -50,8 +62,75 @@ def check_quantize(mode: str | None, group_size: int | None = None) -> tuple[str
     return mode, group_size if group_size is not None else DEFAULT_GROUP_SIZE[mode]
 
 
-def quantize_linears(model: torch.nn.Module, mode: str, group_size: int | None) -> tuple[torch.nn.Module, int, int]:
-    """A copy of ``model`` whose ``nn.Linear`` layers are quantized for ``mode``.
+def check_embedding_quantize(mode: str | None) -> str | None:
+    """``mode`` when it is an embedding quantization mode (or None).
+
+    Raises:
+        InputError: an unknown mode.
+    """
+    if mode is not None and mode not in EMBEDDING_MODES:
+        raise InputError(f"unknown embedding quantization {mode!r}; choose one of: {', '.join(EMBEDDING_MODES)}")
+    return mode
+
+
+def quantize_embeddings(model: torch.nn.Module, mode: str) -> int:
+    """Quantize every ``nn.Embedding`` of ``model`` in place for ``mode`` (int8 rows, one scale per row).
+
+    ``padding_idx`` is cleared on each table: it only stops gradients to that row (the lookup is the same),
+    and ExecuTorch's fusion pattern matches only an ``embedding`` call without it.
+
+    Returns:
+        the number of tables quantized.
+
+    Raises:
+        MissingDependencyError: torchao is not installed.
+        InputError: the model has no ``nn.Embedding``.
+    """
+    require("torchao", "ExecuTorch quantization")
+    from torchao.quantization import IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerAxis
+
+    tables = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    if not tables:
+        raise InputError(f"--qembedding {mode}: the model has no nn.Embedding table to quantize")
+    for table in tables:
+        table.padding_idx = None
+    weight_dtype = torch.int8 if EMBEDDING_MODES[mode] == 8 else torch.int4
+    chosen = {id(m) for m in tables}
+    quantize_(model, IntxWeightOnlyConfig(weight_dtype=weight_dtype, granularity=PerAxis(0)), filter_fn=lambda module, _fqn: id(module) in chosen)
+    return len(tables)
+
+
+def fuse_quantized_embeddings(edge: Any) -> int:
+    """Replace each ``dequantize_affine`` + ``embedding`` pair in every method of the lowered ``edge``
+    program manager with ExecuTorch's ``quantized_decomposed::embedding_byte`` (in place), and register
+    that operator's out variant for ``to_executorch``.
+
+    Returns:
+        the number of quantized embedding lookups in the programs.
+
+    Raises:
+        RuntimeError: a ``dequantize_affine`` is left in a program (ExecuTorch has no kernel for it).
+    """
+    import executorch.kernels.quantized  # noqa: F401  (registers the quantized operators' out variants)
+    from executorch.exir.passes.quant_fusion_pass import quant_fusion_and_const_prop_pass
+
+    lookups = 0
+    for method in sorted(edge.methods):
+        program = edge.exported_program(method)
+        quant_fusion_and_const_prop_pass(program)
+        targets = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
+        left = [t for t in targets if "dequantize_affine" in t]
+        if left:
+            raise RuntimeError(f"{len(left)} dequantize_affine node(s) left in method {method} after ExecuTorch's quant fusion: no kernel runs them")
+        lookups += sum("embedding_byte" in t for t in targets)
+    return lookups
+
+
+def quantize_linears(
+    model: torch.nn.Module, mode: str, group_size: int | None, *, in_place: bool = False
+) -> tuple[torch.nn.Module, int, int]:
+    """A copy of ``model`` (``model`` itself with ``in_place``) whose ``nn.Linear`` layers are quantized for ``mode``.
 
     Returns:
         ``(quantized copy, linears quantized, linears left float)``: a linear is left float when its
@@ -65,7 +144,7 @@ def quantize_linears(model: torch.nn.Module, mode: str, group_size: int | None) 
     from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
     from torchao.quantization.granularity import PerAxis, PerGroup
 
-    quantized = copy.deepcopy(model)
+    quantized = model if in_place else copy.deepcopy(model)
     linears = [m for m in quantized.modules() if isinstance(m, torch.nn.Linear)]
     chosen = {id(m) for m in linears if group_size is None or m.in_features % group_size == 0}
     if not chosen:

@@ -139,6 +139,16 @@ def check_pte_file(path: str | os.PathLike[str] | bytes) -> None:
 INPUT_MUTATIONS_METHOD = "hf_exporters_input_mutation_outputs"
 
 
+def _register_quantized_kernels() -> None:
+    """Load ExecuTorch's quantized operator library (``executorch.kernels.quantized``), whose kernels
+    (``quantized_decomposed::embedding_byte`` of an ``--qembedding`` program, ...) the wheel's runtime does
+    not hold: its loading registers them with the runtime, as the C++ runner links it."""
+    try:
+        import executorch.kernels.quantized  # noqa: F401
+    except ImportError:  # an executorch build without it: such a program fails to load, naming the operator
+        pass
+
+
 class ExecutorchRunner:
     """Loads ``path`` (a ``.pte`` file, or its bytes) and runs its ``forward`` method.
 
@@ -149,6 +159,7 @@ class ExecutorchRunner:
 
     def __init__(self, path: str | os.PathLike[str] | bytes, method: str = "forward"):
         runtime_module = require("executorch.runtime", "Running a .pte program")
+        _register_quantized_kernels()
         self.runtime = runtime_module.Runtime.get()
         data: Any = bytes(path) if isinstance(path, (bytes, bytearray)) else str(path)
         check_pte_file(path)
