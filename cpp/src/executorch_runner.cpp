@@ -10,7 +10,12 @@
 #include <executorch/runtime/executor/program.h>
 #include <executorch/runtime/platform/runtime.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdlib>
 #include <cstring>
@@ -29,18 +34,37 @@ using executorch::aten::ScalarType;
 
 namespace {
 
-/// The whole file in memory; segments are views into it.
-class BufferLoader final : public et::DataLoader {
+/// The file mapped read-only into memory (MAP_PRIVATE): segments are views into the mapping, so only the
+/// pages the runtime reads are brought in, and the kernel can drop them again (constant weights that a
+/// delegate packs into its own buffers are read once). The file must not be truncated while it runs.
+class MmapLoader final : public et::DataLoader {
  public:
-  explicit BufferLoader(std::vector<uint8_t> bytes) : bytes_(std::move(bytes)) {}
-  et::Result<et::FreeableBuffer> load(size_t offset, size_t size, const SegmentInfo&) const override {
-    if (offset > bytes_.size() || size > bytes_.size() - offset) return et::Error::InvalidArgument;
-    return et::FreeableBuffer(bytes_.data() + offset, size, nullptr);
+  explicit MmapLoader(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw Error(path + ": cannot open the .pte file (" + std::strerror(errno) + ")");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
+      ::close(fd);
+      throw Error(path + ": not a valid ExecuTorch program (an empty file)");
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    void* base = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);  // the mapping keeps the file
+    if (base == MAP_FAILED) throw Error(path + ": cannot map the .pte file (" + std::strerror(errno) + ")");
+    base_ = static_cast<const uint8_t*>(base);
   }
-  et::Result<size_t> size() const override { return bytes_.size(); }
+  ~MmapLoader() override { ::munmap(const_cast<uint8_t*>(base_), size_); }
+  MmapLoader(const MmapLoader&) = delete;
+  MmapLoader& operator=(const MmapLoader&) = delete;
+  et::Result<et::FreeableBuffer> load(size_t offset, size_t size, const SegmentInfo&) const override {
+    if (offset > size_ || size > size_ - offset) return et::Error::InvalidArgument;
+    return et::FreeableBuffer(base_ + offset, size, nullptr);
+  }
+  et::Result<size_t> size() const override { return size_; }
 
  private:
-  std::vector<uint8_t> bytes_;
+  const uint8_t* base_ = nullptr;
+  size_t size_ = 0;
 };
 
 /// Bytes of physical memory (0 when unknown). A corrupt program can ask for any size; one larger than
@@ -121,9 +145,7 @@ class ExecutorchPart final : public PartRunner {
   explicit ExecutorchPart(const std::filesystem::path& path) : path_(path.string()) {
     static std::once_flag init;
     std::call_once(init, [] { et::runtime_init(); });
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error(path_ + ": cannot open the .pte file");
-    loader_.emplace(std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+    loader_.emplace(path_);
     auto program = et::Program::load(&*loader_, et::Program::Verification::InternalConsistency);
     if (!program.ok()) throw Error(path_ + ": not a valid ExecuTorch program (" + error_text(program.error()) + ")");
     program_.emplace(std::move(*program));
@@ -244,7 +266,7 @@ class ExecutorchPart final : public PartRunner {
   }
 
   std::string path_;
-  std::optional<BufferLoader> loader_;
+  std::optional<MmapLoader> loader_;
   std::optional<et::Program> program_;
   HeapAllocator method_allocator_, temp_allocator_;
   std::vector<std::vector<uint8_t>> planned_;
