@@ -137,6 +137,14 @@ def test_a_group_size_no_linear_takes_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_quantized_linears_need_the_xnnpack_recipe(tmp_path):
+    model, inputs = _tiny_bert()
+    with pytest.raises(InputError) as caught:
+        export_to_folder(model, inputs, "executorch", tmp_path / "out", recipe="portable", quantize="8da4w", validate=False)
+    assert str(caught.value) == "--quantize 8da4w runs its linear layers on XNNPACK: use --recipe xnnpack, not 'portable'"
+    assert not (tmp_path / "out").exists()
+
+
 def test_group_size_is_for_executorch_only(tmp_path):
     model, inputs = _tiny_bert()
     with pytest.raises(InputError) as caught:

@@ -102,6 +102,7 @@ def make_config(
 
     Raises:
         InputError: ``recipe`` or ``max_seq_len`` for another backend than executorch; ``max_seq_len`` < 2;
+            an executorch ``quantize`` with another recipe than xnnpack;
             ``on_static_axis`` neither ``"warn"`` nor ``"error"``; ``opset``, ``optimize`` or
             ``quantize`` for dynamo; ``group_size`` or ``quantize_embeddings`` for another backend than executorch; an unknown level,
             quantization mode or group size; ``opset``
@@ -138,6 +139,9 @@ def make_config(
         if not hasattr(config, "backend"):
             raise InputError(f"--recipe applies to the executorch backend only, not {exporter.name!r}")
         config.backend = recipe
+    if hasattr(config, "group_size") and config.quantize is not None and config.backend != "xnnpack":
+        # the dynamically quantized linears run as XNNPACK kernels; another recipe has none for them
+        raise InputError(f"--quantize {config.quantize} runs its linear layers on XNNPACK: use --recipe xnnpack, not {config.backend!r}")
     if max_seq_len is not None:
         if not hasattr(config, "max_seq_len"):
             raise InputError(f"--max-seq-len applies to the executorch backend only, not {exporter.name!r}")
