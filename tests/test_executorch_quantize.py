@@ -112,6 +112,46 @@ def test_int8_embeddings_are_looked_up_by_the_quantized_kernel(tmp_path):
     assert type(model.embeddings.word_embeddings.weight) is torch.nn.Parameter
 
 
+class _PositionsFromPaddingIdx(torch.nn.Embedding):
+    """ProphetNet's pattern: an embedding subclass whose own forward reads ``padding_idx``."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(torch.cumsum(torch.ones_like(ids), dim=1) + self.padding_idx)
+
+
+def test_only_tables_with_the_plain_embedding_forward_are_quantized():
+    from hf_exporters.exporters.executorch_quantize import quantize_embeddings
+
+    model = torch.nn.ModuleDict({"words": torch.nn.Embedding(64, 32, padding_idx=0), "positions": _PositionsFromPaddingIdx(40, 32, padding_idx=1)})
+    assert quantize_embeddings(model, "8w") == 1
+    assert model["words"].padding_idx is None and type(model["words"].weight) is not torch.nn.Parameter
+    assert model["positions"].padding_idx == 1 and type(model["positions"].weight) is torch.nn.Parameter
+    assert model["positions"](torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, 32)  # still runs
+    with pytest.raises(InputError) as caught:
+        quantize_embeddings(torch.nn.ModuleDict({"positions": _PositionsFromPaddingIdx(40, 32, padding_idx=1)}), "8w")
+    assert str(caught.value) == "--qembedding 8w: the model has no nn.Embedding table to quantize"
+
+
+def test_qembedding_is_refused_with_the_cuda_recipe_and_before_loading_in_the_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from hf_exporters.cli import app
+
+    model, inputs = _tiny_bert()
+    with pytest.raises(InputError) as caught:
+        export_to_folder(model, inputs, "executorch", tmp_path / "out", recipe="cuda", quantize_embeddings="8w", validate=False)
+    assert str(caught.value) == "--qembedding 8w runs on ExecuTorch's CPU kernels: use --recipe xnnpack or portable, not 'cuda'"
+    # the CLI refuses the options before it looks for the model (which does not exist here)
+    for args, line in [
+        (["-b", "onnx", "--qembedding", "8w"], "error: --qembedding applies to the executorch backend only, not 'onnx'"),
+        (["-b", "executorch", "--recipe", "portable", "--quantize", "8da8w"],
+         "error: --quantize 8da8w runs its linear layers on XNNPACK: use --recipe xnnpack, not 'portable'"),
+    ]:
+        result = CliRunner().invoke(app, ["export", "-m", str(tmp_path / "absent"), "-o", str(tmp_path / "out"), *args])
+        assert (result.exit_code, result.stderr.strip().splitlines()[-1]) == (1, line)
+    assert not (tmp_path / "out").exists()
+
+
 def test_qembedding_is_for_executorch_only_and_names_its_modes(tmp_path):
     model, inputs = _tiny_bert()
     with pytest.raises(InputError) as caught:

@@ -338,6 +338,9 @@ class _VmapMask(torch.nn.Module):
 
 
 def test_vmap_mask_expansion_by_broadcast(tmp_path: Path) -> None:
+    """``_patch_mask_expansion_by_broadcast`` gives the four nested vmaps' mask; with it and
+    ``_patch_mask_index_mode_off`` (no ``TransformGetItemToIndex`` mode, so no ``flat_apply`` node) the
+    mask exports to ONNX and to a .pt2 that saves and loads, both exact."""
     from transformers import masking_utils
 
     from hf_exporters.workarounds.dynamo.masks import _patch_mask_expansion_by_broadcast

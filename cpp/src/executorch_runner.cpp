@@ -19,7 +19,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -43,14 +42,20 @@ class MmapLoader final : public et::DataLoader {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw Error(path + ": cannot open the .pte file (" + std::strerror(errno) + ")");
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
+    if (::fstat(fd, &st) != 0) {
+      const int saved = errno;
+      ::close(fd);
+      throw Error(path + ": cannot read the .pte file's size (" + std::strerror(saved) + ")");
+    }
+    if (st.st_size <= 0) {
       ::close(fd);
       throw Error(path + ": not a valid ExecuTorch program (an empty file)");
     }
     size_ = static_cast<size_t>(st.st_size);
     void* base = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int saved = errno;
     ::close(fd);  // the mapping keeps the file
-    if (base == MAP_FAILED) throw Error(path + ": cannot map the .pte file (" + std::strerror(errno) + ")");
+    if (base == MAP_FAILED) throw Error(path + ": cannot map the .pte file (" + std::strerror(saved) + ")");
     base_ = static_cast<const uint8_t*>(base);
   }
   ~MmapLoader() override { ::munmap(const_cast<uint8_t*>(base_), size_); }

@@ -190,10 +190,14 @@ def _export(
 ) -> None:
     from .checkpoints import resolve_model
     from .errors import HfExportersError, InputError
-    from .pipeline import build_inputs, check_output_folder, default_model_path, export_to_folder, load_checkpoint, make_exporter
+    from .pipeline import build_inputs, check_output_folder, default_model_path, export_to_folder, load_checkpoint, make_config, make_exporter
 
     try:
-        make_exporter(backend)  # an unknown backend or a missing extra fails before the model loads
+        # an unknown backend, a missing extra or options the backend refuses fail before the model loads
+        make_config(
+            make_exporter(backend), dynamic, recipe, max_seq_len, on_static_axis, opset=opset, optimize=optimize, quantize=quantize,
+            group_size=group_size, quantize_embeddings=qembedding,
+        )
         if atol is not None and not (atol >= 0 and math.isfinite(atol)):
             raise InputError(f"--atol must be a finite number >= 0, got {atol}")
         path = resolve_model(model) if model else default_model_path()

@@ -102,7 +102,7 @@ def make_config(
 
     Raises:
         InputError: ``recipe`` or ``max_seq_len`` for another backend than executorch; ``max_seq_len`` < 2;
-            an executorch ``quantize`` with another recipe than xnnpack;
+            an executorch ``quantize`` with another recipe than xnnpack, ``quantize_embeddings`` with cuda;
             ``on_static_axis`` neither ``"warn"`` nor ``"error"``; ``opset``, ``optimize`` or
             ``quantize`` for dynamo; ``group_size`` or ``quantize_embeddings`` for another backend than executorch; an unknown level,
             quantization mode or group size; ``opset``
@@ -142,6 +142,9 @@ def make_config(
     if hasattr(config, "group_size") and config.quantize is not None and config.backend != "xnnpack":
         # the dynamically quantized linears run as XNNPACK kernels; another recipe has none for them
         raise InputError(f"--quantize {config.quantize} runs its linear layers on XNNPACK: use --recipe xnnpack, not {config.backend!r}")
+    if getattr(config, "quantize_embeddings", None) is not None and config.backend not in ("xnnpack", "portable"):
+        # the cuda recipe casts the model to bfloat16 and compiles it with AOTInductor: no int8 lookup kernel there
+        raise InputError(f"--qembedding {config.quantize_embeddings} runs on ExecuTorch's CPU kernels: use --recipe xnnpack or portable, not {config.backend!r}")
     if max_seq_len is not None:
         if not hasattr(config, "max_seq_len"):
             raise InputError(f"--max-seq-len applies to the executorch backend only, not {exporter.name!r}")

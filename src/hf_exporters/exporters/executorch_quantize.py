@@ -76,21 +76,24 @@ def check_embedding_quantize(mode: str | None) -> str | None:
 def quantize_embeddings(model: torch.nn.Module, mode: str) -> int:
     """Quantize every ``nn.Embedding`` of ``model`` in place for ``mode`` (int8 rows, one scale per row).
 
-    ``padding_idx`` is cleared on each table: it only stops gradients to that row (the lookup is the same),
-    and ExecuTorch's fusion pattern matches only an ``embedding`` call without it.
+    Only tables whose forward is ``nn.Embedding``'s own are quantized: a subclass with its own forward
+    (ProphetNet's and FSMT's positional embeddings, which compute positions from ``padding_idx``) stays
+    float. ``padding_idx`` is cleared on each quantized table: for ``nn.Embedding.forward`` it only stops
+    gradients to that row (the lookup is the same), and ExecuTorch's fusion pattern matches only an
+    ``embedding`` call without it.
 
     Returns:
         the number of tables quantized.
 
     Raises:
         MissingDependencyError: torchao is not installed.
-        InputError: the model has no ``nn.Embedding``.
+        InputError: the model has no plain ``nn.Embedding`` table.
     """
     require("torchao", "ExecuTorch quantization")
     from torchao.quantization import IntxWeightOnlyConfig, quantize_
     from torchao.quantization.granularity import PerAxis
 
-    tables = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    tables = [m for m in model.modules() if isinstance(m, torch.nn.Embedding) and type(m).forward is torch.nn.Embedding.forward]
     if not tables:
         raise InputError(f"--qembedding {mode}: the model has no nn.Embedding table to quantize")
     for table in tables:
