@@ -106,3 +106,194 @@ def test_changed_xnnpack_pipeline_fails_naming_the_stage(monkeypatch):
     monkeypatch.setattr(lowering_speed, "KNOWN_XNNPACK_PASSES", lowering_speed.KNOWN_XNNPACK_PASSES[:-1])
     with pytest.raises(ExportStageError, match="Stage 3: ExecuTorch patches.*pass pipeline"):
         ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig())
+
+
+# ── the pattern graphs, built only where a partition could match them ──
+
+
+def test_pattern_operators_are_held_by_every_pattern():
+    """The operator sets the rules check first are necessary conditions: every built pattern holds them."""
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+
+    for required, patterns in (
+        (lowering_speed.SDPA_PATTERN_OPERATORS, sdpa.get_graphs()),
+        (lowering_speed.BILINEAR_PATTERN_OPERATORS, list(bilinear_2d.get_graphs_dict())),
+    ):
+        assert patterns
+        for pattern in patterns:
+            assert required <= lowering_speed._names(lowering_speed._targets(pattern.graph))
+
+
+def test_pattern_graphs_not_built_for_a_partition_without_their_operators(monkeypatch):
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+
+    built: list[str] = []
+    monkeypatch.setattr(sdpa, "get_graphs", lambda: built.append("sdpa") or [])
+    monkeypatch.setattr(bilinear_2d, "get_graphs_dict", lambda: built.append("bilinear") or {})
+    manager = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig())
+    assert built == []
+    _check_parity(manager.buffer)
+
+
+def test_pattern_rule_builds_the_patterns_once_when_the_operators_are_there():
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(exir_ops.edge.aten.relu.default, (x,)))
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    builds = []
+
+    def build():
+        builds.append(1)
+        return [module]
+
+    rule = lowering_speed._may_match_patterns(frozenset({"aten.relu.default"}), build)
+    targets = lowering_speed._targets(module.graph)
+    assert rule(module, targets) and rule(module, targets)
+    assert len(builds) == 1
+    assert not lowering_speed._may_match_patterns(frozenset({"aten.any.dim"}), build)(module, targets)
+    assert len(builds) == 1
+
+
+# ── provenance records shared, not deep-copied ──
+
+PROVENANCE = "_patch_node_provenance_shared"
+
+
+def test_provenance_record_shares_its_ancestors_and_equals_the_copied_one():
+    from torch.fx.traceback import NodeSource, NodeSourceAction
+
+    from hf_exporters import registry
+
+    graph = torch.fx.Graph()
+    node = graph.placeholder("x")
+    ancestor = NodeSource(None, "earlier_pass", NodeSourceAction.CREATE)
+    node.meta["from_node"] = [ancestor]
+    original_init = NodeSource.__init__
+    copied = NodeSource(node, "a_pass", NodeSourceAction.CREATE)
+    with registry.apply_patches("executorch.xnnpack", stage="Stage 3: ExecuTorch patches"):
+        assert NodeSource.__init__ is not original_init
+        shared = NodeSource(node, "a_pass", NodeSourceAction.CREATE)
+    assert NodeSource.__init__ is original_init  # restored
+    assert copied.from_node[0] is not ancestor
+    assert shared.from_node[0] is ancestor  # shared, not copied
+    assert shared.from_node is not node.meta["from_node"]  # the node's own list stays its own
+    assert shared == copied and shared.to_dict() == copied.to_dict()
+    assert (shared.name, shared.target, shared.pass_name) == ("x", "x", "a_pass")  # a placeholder's target is its name
+
+
+def test_program_the_same_with_shared_provenance():
+    buffer = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig()).buffer
+    with without_workarounds(PROVENANCE):
+        plain = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig()).buffer
+    assert buffer == plain
+    _check_parity(buffer)
+
+
+def test_other_torch_version_fails_naming_the_stage(monkeypatch):
+    monkeypatch.setattr(lowering_speed, "SUPPORTED_TORCH", ("9.9.",))
+    with pytest.raises(ExportStageError, match="Stage 3: ExecuTorch patches.*provenance patch hooks torch.fx.traceback.NodeSource"):
+        ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig())
+
+
+# ── the edge-dialect conversion's passes, skipped where they find nothing ──
+
+EDGE = "_patch_edge_passes_skip_absent_operators"
+
+
+class MixedBlock(torch.nn.Module):
+    """(B, 4) float and (B, 1) int64 -> (B, 3): a transposed weight (``aten.t``), a view, and float + int64
+    arithmetic, so every pass the patch may skip has work here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.weight = torch.nn.Parameter(torch.randn(3, 4))
+
+    def forward(self, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        return (torch.mm(x, self.weight.t()) + n).view(-1, 3).tanh()
+
+
+class SymBlock(torch.nn.Module):
+    """(B, 4) -> (B,): row sums scaled by the batch size, a symbolic value used as a tensor with a dynamic batch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum(-1) * x.shape[0]
+
+
+def _mixed_inputs() -> dict[str, torch.Tensor]:
+    return {"x": torch.randn(2, 4, generator=torch.Generator().manual_seed(2)), "n": torch.tensor([[1], [2]])}
+
+
+def _aten_graph(module: torch.nn.Module, inputs: dict[str, torch.Tensor], dynamic: bool = False) -> torch.fx.GraphModule:
+    shapes = {k: {0: torch.export.Dim.AUTO} for k in inputs} if dynamic else None
+    return torch.export.export(module, (), inputs, dynamic_shapes=shapes).run_decompositions({}).graph_module
+
+
+def test_edge_pass_rules_act_only_where_their_operators_are():
+    rules = lowering_speed._edge_skip_rules()
+    assert set(rules) < set(lowering_speed.KNOWN_EDGE_PASSES)
+    plain = _aten_graph(ConvBlock().eval(), _inputs())
+    mixed = _aten_graph(MixedBlock().eval(), _mixed_inputs())
+    dynamic = _aten_graph(SymBlock(), {"x": torch.randn(3, 4)}, dynamic=True)
+    from torch._export.passes import ReplaceViewOpsWithViewCopyOpsPass
+
+    # ConvBlock's transpose is a view until the conversion's first pass makes it a view_copy
+    assert rules["ReplaceBrokenOpsWithFunctionalOpsPass"](plain)
+    copied = ReplaceViewOpsWithViewCopyOpsPass()(plain).graph_module
+    assert not any(rule(copied) for rule in rules.values())
+    assert rules["RemoveMixedTypeOperators"](mixed)  # float + int64
+    assert rules["SymToTensorPass"](dynamic) and not rules["SymToTensorPass"](mixed)
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    t = graph.call_function(torch.ops.aten.t.default, (x,))
+    graph.output(graph.call_function(torch.ops.aten.view.default, (t, [-1])))
+    few = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert rules["NormalizeTransposePass"](few) and rules["ReplaceBrokenOpsWithFunctionalOpsPass"](few)
+
+
+def test_promotion_rule_follows_the_dtypes():
+    def graph_of(first: torch.dtype, second: torch.dtype) -> torch.fx.GraphModule:
+        graph = torch.fx.Graph()
+        a, b = graph.placeholder("a"), graph.placeholder("b")
+        a.meta["val"], b.meta["val"] = torch.empty(2, dtype=first), torch.empty(2, dtype=second)
+        graph.output(graph.call_function(torch.ops.aten.add.Tensor, (a, b)))
+        return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+    assert not lowering_speed._promotes(graph_of(torch.float32, torch.float32))
+    assert lowering_speed._promotes(graph_of(torch.float32, torch.int64))
+    assert lowering_speed._promotes(graph_of(torch.float16, torch.float32))
+
+
+@pytest.mark.parametrize("make,inputs", [(ConvBlock, _inputs), (MixedBlock, _mixed_inputs)], ids=["conv", "mixed"])
+def test_program_the_same_with_edge_passes_skipped(make, inputs):
+    buffer = ExecutorchExporter().export(make().eval(), inputs(), ExecutorchConfig()).buffer
+    with without_workarounds(EDGE):
+        plain = ExecutorchExporter().export(make().eval(), inputs(), ExecutorchConfig()).buffer
+    assert buffer == plain
+    with torch.no_grad():
+        want = make().eval()(**inputs())
+    got = ExecutorchRunner(buffer)(inputs())[0]
+    assert float(want.abs().max()) > 0.1
+    assert float((got - want).abs().max()) < 1e-5
+
+
+def test_changed_edge_passes_fail_naming_the_stage(monkeypatch):
+    monkeypatch.setattr(lowering_speed, "KNOWN_EDGE_PASSES", lowering_speed.KNOWN_EDGE_PASSES[:-1])
+    with pytest.raises(ExportStageError, match="Stage 3: ExecuTorch patches.*aten-to-edge passes"):
+        ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig())
+
+
+def test_edge_operator_table_parsed_by_the_c_parser():
+    """ExecuTorch's operator table is read with ruamel.yaml's C parser (ruamel.yaml.clib, a pinned dependency of
+    the executorch extra), to the same data as the pure-Python parser."""
+    from importlib import resources
+
+    from ruamel.yaml import YAML
+
+    text = resources.files("executorch.exir.dialects.edge").joinpath("edge.yaml").read_text(encoding="utf-8")
+    fast = YAML(typ="safe")
+    assert fast.Parser.__module__.startswith(("_ruamel_yaml", "ruamel.yaml.clib"))
+    assert fast.load(text) == YAML(typ="safe", pure=True).load(text)

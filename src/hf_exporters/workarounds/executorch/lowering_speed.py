@@ -55,7 +55,24 @@ _STAGE = "Stage 3: ExecuTorch patches"
 _PINNED = (
     "_patch_xnnpack_passes_skip_absent_operators",
     "_patch_no_third_decomposition_when_nothing_is_left",
+    "_patch_edge_passes_skip_absent_operators",
 )
+
+#: the passes ExecuTorch 1.4 runs before turning aten operators into edge operators
+#: (``_get_aten_to_edge_passes``), in order, as this module knows them
+KNOWN_EDGE_PASSES = (
+    "ReplaceSymSizeOpPass",
+    "NormalizeTransposePass",
+    "ReplaceBrokenOpsWithFunctionalOpsPass",
+    "ScalarToTensorPass",
+    "SymToTensorPass",
+    "RemoveNoopPass",
+    "PruneEmptyTensorsPass",
+    "RemoveToCopyPass",
+    "RemoveMixedTypeOperators",
+)
+#: torch versions the provenance patch (:func:`_patch_node_provenance_shared`) was written for
+SUPPORTED_TORCH = ("2.13.",)
 
 
 def _executorch_version() -> str:
@@ -89,6 +106,8 @@ def check_pinned_internals(scope: str) -> None:
             raise RuntimeError(f"ExecuTorch internal {owner_path!r} has moved ({error}); {workaround.name} cannot hook it") from error
         if not hasattr(owner, attribute):
             raise RuntimeError(f"ExecuTorch internal {workaround.target!r} has moved; {workaround.name} cannot hook it")
+    if any(w.func.__name__ == "_patch_node_provenance_shared" for w in registry.list_workarounds(scope, stage=_STAGE) if w.kind == "patch"):
+        _node_source_is_known()
     from executorch.exir.program import _program
 
     for helper in ("_remove_invalid_ops_for_not_decompose", "_default_decomposition_table"):
@@ -96,6 +115,8 @@ def check_pinned_internals(scope: str) -> None:
             raise RuntimeError(f"ExecuTorch internal 'executorch.exir.program._program.{helper}' has moved")
     if any(w.func.__name__ == "_patch_xnnpack_passes_skip_absent_operators" for w in pinned):
         _xnnpack_pipeline_is_known()
+    if any(w.func.__name__ == "_patch_edge_passes_skip_absent_operators" for w in pinned):
+        _edge_passes_are_known()
 
 
 def _xnnpack_pipeline_is_known() -> None:
@@ -107,6 +128,166 @@ def _xnnpack_pipeline_is_known() -> None:
             "XNNPACK's pass pipeline is not the one the lowering-speed patch was written for: "
             f"{list(names)} (known: {list(KNOWN_XNNPACK_PASSES)})"
         )
+
+
+def _node_source_is_known() -> None:
+    import torch.fx.traceback as fx_traceback
+
+    if not torch.__version__.startswith(SUPPORTED_TORCH):
+        raise RuntimeError(
+            f"the provenance patch hooks torch.fx.traceback.NodeSource as torch "
+            f"{', '.join(v + 'x' for v in SUPPORTED_TORCH)} has it; torch {torch.__version__} is installed"
+        )
+    fields = getattr(fx_traceback.NodeSource, "__annotations__", {})
+    if not {"from_node", "node_info", "pass_name", "action"} <= set(fields) or not hasattr(fx_traceback.NodeSource, "NodeInfo"):
+        raise RuntimeError("torch internal 'torch.fx.traceback.NodeSource' has moved; _patch_node_provenance_shared cannot hook it")
+
+
+def _edge_passes_are_known() -> None:
+    from executorch.exir import EdgeCompileConfig
+    from executorch.exir.program import _program
+
+    names = tuple(_pass_name(p) for p in _program._get_aten_to_edge_passes(EdgeCompileConfig())[0])
+    if names != KNOWN_EDGE_PASSES:
+        raise RuntimeError(
+            "ExecuTorch's aten-to-edge passes are not the ones the lowering-speed patch was written for: "
+            f"{list(names)} (known: {list(KNOWN_EDGE_PASSES)})"
+        )
+
+
+def _pass_name(each: Any) -> str:
+    return getattr(each, "__name__", None) or type(each).__name__
+
+
+# ── the edge-dialect conversion ──────────────────────────────────────────────
+
+
+def _all_nodes(gm: torch.fx.GraphModule) -> Iterable[torch.fx.Node]:
+    """The nodes of ``gm`` and of every graph module nested in it (control-flow branches)."""
+    for module in gm.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            yield from module.graph.nodes
+
+
+def _all_targets(gm: torch.fx.GraphModule) -> set[Any]:
+    return {node.target for node in _all_nodes(gm) if node.op == "call_function"}
+
+
+def _promotes(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``RemoveMixedTypeOperators`` could insert a cast: some binary arithmetic call (of its allow
+    list) whose arguments are not all tensors of the dtype it would compute in."""
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    aten = torch.ops.aten
+    default, to_float = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT, ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
+    kinds = {aten.add.Tensor: default, aten.mul.Tensor: default, aten.sub.Tensor: default, aten.div.Tensor: to_float,
+             aten.div.Tensor_mode: default, aten.minimum.default: default}
+    for node in _all_nodes(gm):
+        if node.op != "call_function" or node.target not in kinds or len(node.args) <= 1:
+            continue
+        values = [arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg for arg in node.args]
+        if not all(isinstance(v, torch.Tensor) for v in values):
+            return True  # a scalar or symbolic argument: let the pass decide
+        kind = kinds[node.target]
+        if node.target is aten.div.Tensor_mode and node.kwargs.get("rounding_mode") is None:
+            kind = to_float
+        dtype = elementwise_dtypes(*values, type_promotion_kind=kind)[1]
+        if any(v.dtype != dtype for v in values):
+            return True
+    return False
+
+
+def _edge_skip_rules() -> dict[str, Callable[[torch.fx.GraphModule], bool]]:
+    """Pass name -> ``acts(graph_module)``: False when the aten-to-edge pass cannot change the graph. Each
+    rule mirrors what the pass's ``call_operator`` rewrites in ExecuTorch 1.4; passes without a rule run."""
+    symbolic = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    return {
+        # aten.t -> aten.t_copy
+        "NormalizeTransposePass": lambda gm: torch.ops.aten.t.default in _all_targets(gm),
+        # every view operator -> its _copy variant
+        "ReplaceBrokenOpsWithFunctionalOpsPass": lambda gm: any(
+            isinstance(t, torch._ops.OpOverload) and t.is_view for t in _all_targets(gm)
+        ),
+        # a symbolic value passed where the schema takes a tensor -> scalar_tensor; no symbolic value, no change
+        "SymToTensorPass": lambda gm: any(isinstance(n.meta.get("val"), symbolic) for n in _all_nodes(gm)),
+        # binary arithmetic over mixed dtypes -> casts to the promoted dtype
+        "RemoveMixedTypeOperators": _promotes,
+    }
+
+
+def _skipping(each: Any, acts: Callable[[torch.fx.GraphModule], bool]) -> Callable[[torch.fx.GraphModule], Any]:
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    def run(gm: torch.fx.GraphModule) -> Any:
+        if not acts(gm):
+            return PassResult(gm, False)
+        return each(gm)
+
+    run.__name__ = _pass_name(each)
+    return run
+
+
+@register_patch("executorch", "executorch.exir.program._program._get_aten_to_edge_passes", stage=_STAGE)
+def _patch_edge_passes_skip_absent_operators(original: Any) -> Any:
+    """The conversion to the edge dialect skips each of its aten passes that finds nothing to rewrite.
+
+    Pattern: every program lowered to ExecuTorch. ``_generate_edge_program`` runs nine passes over the
+    aten graph before it renames operators into the edge dialect; four of them re-trace the whole graph
+    through ``ExportPass`` with fake tensors to rewrite operators most models no longer hold after
+    ``torch.export``'s functionalisation: ``aten.t`` (``NormalizeTransposePass``), view operators left
+    un-functionalised (``ReplaceBrokenOpsWithFunctionalOpsPass``), symbolic values passed as tensors
+    (``SymToTensorPass``, static shapes hold none) and binary arithmetic over mixed dtypes
+    (``RemoveMixedTypeOperators``). On all-MiniLM-L6-v2 none of the four changes the graph and they take
+    1.3 of an 8 s lowering. A pass is skipped only when what its ``call_operator`` rewrites is absent
+    from the graph and its nested graphs, so the graph is the one the pass would return; the ``.pte``
+    is byte-identical (tested).
+    Models: every model lowered to ExecuTorch (BertModel, all-MiniLM-L6-v2, LlamaForCausalLM, ...).
+    Upstream: pytorch/executorch exir/program/_program.py (``_generate_edge_program`` runs every pass of
+        ``_get_aten_to_edge_passes`` on every program); the same kind of repeated re-trace as
+        pytorch/executorch#1893 (XNNPACK's passes), not reported for the edge conversion.
+    Remove when: the edge conversion's passes return without re-tracing when they find nothing (checked:
+        the pass list is :data:`KNOWN_EDGE_PASSES` of ExecuTorch 1.4).
+    """
+    rules = _edge_skip_rules()
+
+    def passes(config: Any) -> Any:
+        pre, post = original(config)
+        pre = [_skipping(p, rules[_pass_name(p)]) if _pass_name(p) in rules else p for p in pre]
+        return pre, post
+
+    return passes
+
+
+# ── provenance ───────────────────────────────────────────────────────────────
+
+
+@register_patch("executorch", "torch.fx.traceback.NodeSource.__init__", stage=_STAGE)
+def _patch_node_provenance_shared(original: Any) -> Any:
+    """A node's provenance record (``NodeSource``) shares the records of the node it came from instead of
+    deep-copying them.
+
+    Pattern: every re-trace of a graph with node metadata preserved (each ``ExportPass`` of the edge
+    conversion and of XNNPACK's pipeline, each ``run_decompositions``). For every node it visits,
+    ``torch.fx.traceback.set_current_meta`` creates ``NodeSource(node)``, whose constructor deep-copies the
+    node's whole ``from_node`` chain, one level deeper after every pass, so the copying grows with the number
+    of passes a node has been through: 2.1 of 18 s of a profiled all-MiniLM-L6-v2 lowering were
+    ``copy.deepcopy`` of these chains. The records are never changed after they are made (torch appends
+    only to a node's own ``meta["from_node"]`` list, which is still copied here, one level deep), so a
+    shared chain holds the same provenance, equal record for record; the ``.pte`` is byte-identical.
+    Models: every model lowered to ExecuTorch (all-MiniLM-L6-v2, LlamaForCausalLM, ...).
+    Upstream: pytorch/pytorch torch/fx/traceback.py (``NodeSource.__init__`` deep-copies ``from_node``,
+        since pytorch/pytorch#142066 made provenance recursive); no upstream report found.
+    Remove when: ``NodeSource`` stops deep-copying its ancestors (checked: torch 2.13 by
+        :data:`SUPPORTED_TORCH`).
+    """
+
+    def __init__(self: Any, node: Any, pass_name: str = "", action: Any = None) -> None:
+        original(self, None, pass_name, action)  # the fields of a record without a node
+        if node:
+            self.node_info = self.NodeInfo(name=node.name, target=str(node.target), graph_id=id(node.graph))
+            self.from_node = list(node.meta.get("from_node", ()))
+
+    return __init__
 
 
 # ── XNNPACK's pass pipeline ──────────────────────────────────────────────────
@@ -134,6 +315,32 @@ def _names(targets: set[Any]) -> set[str]:
     return {getattr(t, "__name__", "") for t in targets}
 
 
+#: operators that every one of XNNPACK's SDPA pattern graphs (``partition/graphs/sdpa.get_graphs``) holds,
+#: in ExecuTorch 1.4 (checked against the built patterns by the tests): a partition missing one of them
+#: cannot match any pattern, and the patterns (each built by ``torch.export`` and ``to_edge``, about a
+#: second per process) need not be built for it
+SDPA_PATTERN_OPERATORS = frozenset(
+    {"aten._softmax.default", "aten.any.dim", "aten.bmm.default", "aten.eq.Scalar", "aten.logical_not.default", "aten.where.self"}
+)
+#: the same for the bilinear-upsampling patterns (``partition/graphs/bilinear_2d.get_graphs_dict``)
+BILINEAR_PATTERN_OPERATORS = frozenset({"aten.upsample_bilinear2d.vec"})
+
+
+def _may_match_patterns(required: frozenset[str], build: Callable[[], Iterable[torch.fx.GraphModule]]) -> Callable[[torch.fx.GraphModule, set[Any]], bool]:
+    """A rule for a pattern pass: False without building the patterns when the graph lacks an operator
+    every pattern holds (``required``), else :func:`_may_match` over the built patterns (built once)."""
+    built: list[list[set[Any]]] = []
+
+    def rule(_: torch.fx.GraphModule, targets: set[Any]) -> bool:
+        if not required <= _names(targets):
+            return False
+        if not built:
+            built.append(_pattern_targets(build()))
+        return _may_match(targets, built[0])
+
+    return rule
+
+
 def _skip_rules() -> dict[str, Callable[[torch.fx.GraphModule, set[Any]], bool]]:
     """Pass class name -> ``acts(graph_module, call_function targets)``: False when the pass cannot change
     the graph (it looks only at operators the graph does not hold). Passes without a rule always run.
@@ -147,8 +354,6 @@ def _skip_rules() -> dict[str, Callable[[torch.fx.GraphModule, set[Any]], bool]]
     from executorch.exir.passes.dim_order_ops_registry import MemoryFormatOpsMap
 
     edge = exir_ops.edge.aten
-    bilinear = _pattern_targets(bilinear_2d.get_graphs_dict())
-    attention = _pattern_targets(sdpa.get_graphs())
 
     def quant_nodes(gm: torch.fx.GraphModule, _: set[Any]) -> bool:
         return any(is_quant(n) or is_dequant(n) for n in gm.graph.nodes if n.op == "call_function")
@@ -161,10 +366,10 @@ def _skip_rules() -> dict[str, Callable[[torch.fx.GraphModule, set[Any]], bool]]
 
     return {
         "DimOrderOpsRevertPass": lambda gm, t: _holds_any(t, MemoryFormatOpsMap),
-        "ConvertToUpsampleBilinear2d": lambda gm, t: _may_match(t, bilinear),
+        "ConvertToUpsampleBilinear2d": _may_match_patterns(BILINEAR_PATTERN_OPERATORS, bilinear_2d.get_graphs_dict),
         "ConvertToLinearPass": lambda gm, t: _holds_any(t, ConvertToLinearPass.targets),
         "PropagateCustomMetaPass": quant_nodes,
-        "ConvertToSDPAPass": lambda gm, t: _may_match(t, attention),
+        "ConvertToSDPAPass": _may_match_patterns(SDPA_PATTERN_OPERATORS, sdpa.get_graphs),
         "FuseBatchNormPass": lambda gm, t: _holds_any(
             t, (edge.native_batch_norm.default, edge._native_batch_norm_legit_no_training.default)
         ),
@@ -191,8 +396,11 @@ def _patch_xnnpack_passes_skip_absent_operators(original: Any) -> Any:
     re-trace the whole partition through ``ExportPass`` anyway. A tiny Llama's 10 partitions took 170
     such runs, 44 % of its export. A pass is skipped only when the operators its ``call`` looks for
     are absent (for pattern passes: when some operator of every pattern is absent), so its program
-    is returned unchanged; the passes that act on every graph (constant propagation, the channels-last
-    tagging, clone removal, the pad quantisation) always run.
+    is returned unchanged. The SDPA and bilinear-upsampling pattern graphs themselves (six small
+    programs, each built with ``torch.export`` and ``to_edge``: about 2.5 s of the first export in a
+    process) are built only for a partition that holds every operator all of them share
+    (:data:`SDPA_PATTERN_OPERATORS`, :data:`BILINEAR_PATTERN_OPERATORS`); the passes that act on every
+    graph (constant propagation, the channels-last tagging, clone removal, the pad quantisation) always run.
     Models: every model lowered with ``--recipe xnnpack`` (BertModel, all-MiniLM-L6-v2, LlamaForCausalLM, ...).
     Upstream: pytorch/executorch backends/xnnpack/_passes/__init__.py (``XNNPACKPassManager.transform``
         runs every pass on every partition); pytorch/executorch#1893 (XNNPACK preprocess slow from
