@@ -8,11 +8,14 @@ Default subset: Llama on the three backends, T5 and LLaVA on dynamo, folder chec
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
 
 import pytest
+
+import numpy as np
 import torch
 import transformers as tf
 
@@ -209,6 +212,82 @@ def _assert_same_ids(model, generator, input_sets, generation_config=None):
         assert got.shape[1] >= NEW_TOKENS  # the new tokens are really there (no early stop)
 
 
+def _assert_cache_stays_bound(generator, inputs):
+    """ONNX: every decode step binds the previous step's cache outputs (``OrtValue``) as they are, and no step
+    goes through ``InferenceSession.run``; with ``io_binding=False`` the ids are the same."""
+    import onnxruntime as ort
+
+    decode_caches = []
+    for name, runner in generator.runners.items():
+        bound = runner.run_bound
+
+        def spy(feed, bound=bound, name=name):
+            if name == "decode":
+                decode_caches.append([type(t) for t in feed["past_key_values"]])
+            outputs = bound(feed)
+            assert all(isinstance(o, ort.OrtValue) for o in outputs)
+            return outputs
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("InferenceSession.run was called while the generator binds its inputs")
+
+        runner.run_bound = spy
+        runner.session.run = refuse
+    got = generator.generate(**inputs, max_new_tokens=NEW_TOKENS)
+    assert len(decode_caches) == got.shape[1] - inputs["input_ids"].shape[1] - 1 > 0  # one per step after the prefill
+    assert all(kinds and set(kinds) == {ort.OrtValue} for kinds in decode_caches)
+    for runner in generator.runners.values():
+        del runner.run_bound, runner.session.run
+    generator.io_binding = False
+    try:
+        assert generator.generate(**inputs, max_new_tokens=NEW_TOKENS).tolist() == got.tolist()
+    finally:
+        generator.io_binding = True
+
+
+def _assert_onnxruntime_genai_runs_the_folder(model, folder, manifest, inputs):
+    """onnxruntime-genai loads the ONNX folder from its genai_config.json and generates eager's greedy ids."""
+    import onnxruntime as ort
+
+    og = pytest.importorskip("onnxruntime_genai")
+    from hf_exporters.generation.genai import write_genai_config
+
+    # this tiny Llama has no eos_token_id, which onnxruntime-genai needs: the graphs carry its names, and the
+    # configuration is written here with an eos id that eager generates for none of the prompts
+    assert manifest["onnxruntime_genai"]["config"] is None
+    assert manifest["onnxruntime_genai"]["reason"].startswith("the model has no eos_token_id")
+    assert manifest["parts"]["decode"]["outputs"][:3] == ["logits", "present.0.key", "present.0.value"]
+    prompts, expected = [], []
+    for row in range(inputs["input_ids"].shape[0]):
+        prompt = inputs["input_ids"][row][inputs["attention_mask"][row].bool()][None]  # the row without its padding
+        with torch.no_grad():
+            eager = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS, do_sample=False)
+        prompts.append(prompt)
+        expected.append(eager[0].tolist())
+    generated = {t for ids, prompt in zip(expected, prompts) for t in ids[prompt.shape[1] :]}
+    with_eos = copy.deepcopy(model.generation_config)
+    with_eos.eos_token_id = max(set(range(model.config.vocab_size)) - generated)
+    parts = {
+        part["role"]: {
+            "file": part["file"],
+            "inputs": [i.name for i in ort.InferenceSession(str(folder / part["file"])).get_inputs()],
+            "outputs": part["outputs"],
+        }
+        for part in manifest["parts"].values()
+    }
+    write_genai_config(folder, model.config, with_eos, parts)
+    genai_model = og.Model(str(folder))
+    for prompt, want in zip(prompts, expected):
+        params = og.GeneratorParams(genai_model)
+        params.set_search_options(max_length=prompt.shape[1] + NEW_TOKENS, do_sample=False)
+        generator = og.Generator(genai_model, params)
+        generator.append_tokens(prompt.numpy().astype(np.int32))
+        while not generator.is_done():
+            generator.generate_next_token()
+        got = [int(t) for t in generator.get_sequence(0)]
+        assert got == want and len(got) == prompt.shape[1] + NEW_TOKENS
+
+
 def _params():
     for name in MODELS:
         for backend in ("dynamo", "onnx", "executorch"):
@@ -238,6 +317,8 @@ def test_greedy_ids_equal_eager(name, backend, tmp_path):
         with pytest.raises(InputError, match=r"^prompt of 100 tokens plus 40 new tokens needs 139 positions: this folder was exported for at most 128 "):
             generator.generate(input_ids=long_prompt[:, :100], max_new_tokens=40)
     if (name, backend) == ("llama", "onnx"):
+        _assert_cache_stays_bound(generator, input_sets[0])
+        _assert_onnxruntime_genai_runs_the_folder(model, folder, manifest, input_sets[0])
         _assert_truncated_weights_are_named(folder, manifest, input_sets[0])
     if name == "llava":  # the folder's image encoder needs its image
         assert manifest["parts"]["image_encoder"]["extra"] == {"modality": "image", "input": "pixel_values", "per_item": True}

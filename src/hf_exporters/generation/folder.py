@@ -20,10 +20,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..checkpoints import load_preprocessor, load_pretrained, read_config, resolve_model
-from ..errors import InputError, ManifestError, ParityError
+from ..errors import ExportStageError, InputError, ManifestError, ParityError
 from ..exporters.result import ExportResult
 from ..folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder
 from ..pipeline import describe_tensors, dynamic_axes, library_versions, make_config, make_exporter
@@ -145,6 +146,7 @@ class GenerationArtifacts(dict):
                             f"rtol {PARITY_RTOL} x max|eager| {scale:.3g} (max abs diff {worst:.3g}; {len(actual)} outputs vs {len(expected)} expected)"
                         )
                 parts_manifest[name] = entry
+            genai = self._genai_layout(staging, parts_manifest, validate)
             self.model.config.save_pretrained(staging)
             self.model.generation_config.save_pretrained(staging)
             if preprocessor is not None:
@@ -161,9 +163,47 @@ class GenerationArtifacts(dict):
                     "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "versions": library_versions(),
                     "parts": parts_manifest,
+                    "onnxruntime_genai": genai,
                 }
             )
         return manifest
+
+    def _genai_layout(self, staging: Path, parts_manifest: dict[str, Any], validate: bool) -> dict[str, Any]:
+        """ONNX decoder-only folders: rename the parts' graph inputs and outputs as onnxruntime-genai reads
+        them and write its ``genai_config.json`` (:mod:`hf_exporters.generation.genai`); with ``validate``,
+        each renamed part must return exactly what it returned before. Returns the manifest's
+        ``onnxruntime_genai`` entry: ``{"config": file}``, or ``{"config": None, "reason": why not}``.
+
+        Raises:
+            ExportStageError: a renamed part's outputs differ from the part's before the renaming.
+        """
+        from .genai import apply_genai_layout, genai_layout_refusal, write_genai_config
+
+        roles = {entry["role"] for entry in parts_manifest.values()}
+        cache = next((entry.get("cache") or {} for entry in parts_manifest.values() if entry["role"] == "decode"), {})
+        refusal = genai_layout_refusal(
+            self.exporter.name, roles, cache, bool(getattr(self.model.config, "is_encoder_decoder", False))
+        )
+        if refusal is not None:
+            return {"config": None, "reason": refusal}
+        graphs = {}
+        for name, entry in parts_manifest.items():
+            path = staging / entry["file"]
+            part = self.parts[name]
+            before = self.exporter.load_runner(path)(_copy_inputs(part.inputs)) if validate else None
+            inputs, outputs = apply_genai_layout(path, int(cache["layers"]))
+            entry["outputs"] = outputs
+            graphs[entry["role"]] = {"file": entry["file"], "inputs": inputs, "outputs": outputs}
+            if before is not None:
+                after = self.exporter.load_runner(path)(_copy_inputs(part.inputs))
+                same = len(after) == len(before) and np.array_equal(after[0][:, -1], before[0]) and all(
+                    np.array_equal(a, b) for a, b in zip(after[1:], before[1:])
+                )
+                if not same:
+                    raise ExportStageError("onnx", "onnxruntime-genai layout", f"part {name!r}: the renamed graph's outputs differ from the exported graph's")
+        if getattr(self.model.generation_config, "eos_token_id", None) is None and getattr(self.model.config, "eos_token_id", None) is None:
+            return {"config": None, "reason": "the model has no eos_token_id, which onnxruntime-genai requires (the graphs carry its names)"}
+        return {"config": write_genai_config(staging, self.model.config, self.model.generation_config, graphs)}
 
 
 def _describe_inputs(inputs: dict[str, Any]) -> list[dict[str, Any]]:

@@ -9,8 +9,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from torch.utils import _pytree as pytree
+
 from ..deps import require
-from ..shapes import tensor_leaves
+from ..shapes import _key_name, tensor_leaves
 
 
 class OrtRunner:
@@ -52,6 +54,40 @@ class OrtRunner:
 
     def __call__(self, inputs: dict[str, Any]) -> list[np.ndarray]:
         return self.session.run(self.output_names, self.feeds(inputs))
+
+    def run_bound(self, inputs: dict[str, Any]) -> list[Any]:
+        """Run with onnxruntime's IOBinding: ``inputs`` may hold ``onnxruntime.OrtValue`` leaves (outputs of an
+        earlier call, bound as they are, with no copy), and the outputs are returned as ``OrtValue`` in the
+        session's memory, in graph order, for the next call to bind: a generation loop's cache never passes
+        through numpy. Tensors in ``inputs`` are bound over their own memory (no copy for a contiguous CPU tensor).
+
+        Raises:
+            ValueError: as :meth:`feeds`.
+        """
+        ort = require("onnxruntime", "Running an ONNX model")
+        flat, _ = pytree.tree_flatten_with_path(inputs)
+        leaves = [(_key_name(path), leaf) for path, leaf in flat if isinstance(leaf, (torch.Tensor, ort.OrtValue))]
+        if len(leaves) != len(self.input_names):
+            by_name = dict(leaves)
+            missing = [n for n in self.input_names if n not in by_name]
+            if missing:
+                raise ValueError(
+                    f"the ONNX model takes {len(self.input_names)} inputs ({', '.join(self.input_names)}) "
+                    f"but the inputs flatten to {len(leaves)} tensors ({', '.join(n for n, _ in leaves)})"
+                )
+            leaves = [(n, by_name[n]) for n in self.input_names]
+        binding = self.session.io_binding()
+        arrays = []  # the numpy views bound below must outlive the run
+        for name, (_, value) in zip(self.input_names, leaves):
+            if isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+            else:
+                arrays.append(_to_numpy(value))
+                binding.bind_cpu_input(name, arrays[-1])
+        for name in self.output_names:
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
