@@ -8,10 +8,15 @@ Each measurement runs in a fresh subprocess so peak resident memory (``ru_maxrss
 Usage::
 
     python benchmarks/generation_speed.py [--models tiny,100m] [--backends dynamo,onnx,executorch]
-        [--new-tokens 32] [--prompt-len 16] [--json out.json]
+        [--new-tokens 32] [--prompt-len 16] [--rounds 3] [--json out.json]
 
-Output: one row per (model, backend): tokens/s, ratio to eager tokens/s, peak RSS (MiB) and ratio to
-eager's peak RSS, and whether the ids equal eager's.
+Every engine runs on all cores (eager PyTorch with ``torch.set_num_threads(os.cpu_count())``; onnxruntime's
+CPU provider and ExecuTorch's XNNPACK thread pool use one thread per core by default). ``--rounds``
+interleaved rounds run every engine once each, in a fresh process.
+
+Output: one row per (model, backend): median tokens/s with its spread over the rounds, ratio to eager
+tokens/s, peak RSS (MiB) and ratio to eager's peak RSS, and whether the ids equal eager's; the results
+file holds the exact command, the parameter counts and the load average.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 CONFIGS = {
     "tiny": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
-    # ~100M parameters: 32000 x 640 embeddings (20.5M) x2 untied + 8 layers of ~7.4M
-    "100m": dict(vocab_size=32000, hidden_size=640, intermediate_size=1792, num_hidden_layers=8, num_attention_heads=10, num_key_value_heads=5),
+    # ~100M parameters (99.5M): 32000 x 768 embeddings (24.6M) x2 untied + 8 layers of 6.3M (attention 1.6M, MLP 4.7M)
+    "100m": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=12, num_key_value_heads=4),
 }
 
 
@@ -61,7 +66,9 @@ def worker(model_name: str, backend: str, folder: str, new_tokens: int, prompt_l
     the folder (already exported) is loaded and timed. Returns a JSON-able dict."""
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    # every engine on all cores: onnxruntime's CPU provider and ExecuTorch's XNNPACK thread pool default to
+    # one thread per core, eager PyTorch is given the same
+    torch.set_num_threads(os.cpu_count() or 1)
     inputs = _inputs(model_name, prompt_len)
     if backend == "eager":
         model = _model(model_name)
@@ -76,7 +83,12 @@ def worker(model_name: str, backend: str, folder: str, new_tokens: int, prompt_l
         started = time.perf_counter()
         ids = run()
         seconds = time.perf_counter() - started
-    return {"tokens_per_s": new_tokens / seconds, "peak_rss_mib": _peak_mib(), "ids": ids.tolist()}
+    return {
+        "tokens_per_s": new_tokens / seconds,
+        "peak_rss_mib": _peak_mib(),
+        "ids": ids.tolist(),
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def export(model_name: str, backend: str, folder: str, prompt_len: int) -> float:
@@ -105,6 +117,7 @@ def main() -> None:
     parser.add_argument("--backends", default="dynamo,onnx,executorch")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds: every engine once per round, each in a fresh process")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -117,36 +130,79 @@ def main() -> None:
             print(json.dumps(worker(model_name, backend, folder, new_tokens, prompt_len)))
         return
 
+    import statistics
+
     rows = []
+    loads = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_name in args.models.split(","):
             timing = f"{args.new_tokens}:{args.prompt_len}"
-            eager = _subprocess("run", model_name, "eager", "-", timing)
-            rows.append({"model": model_name, "backend": "eager", **eager, "speed_ratio": 1.0, "memory_ratio": 1.0, "ids_equal": True})
+            engines = ["eager"]
+            exported: dict[str, dict] = {}
             for backend in args.backends.split(","):
                 folder = os.path.join(tmp, f"{model_name}-{backend}")
-                exported = _subprocess("export", model_name, backend, folder, str(args.prompt_len))
-                if "error" in exported:
-                    rows.append({"model": model_name, "backend": backend, "error": exported["error"]})
+                exported[backend] = _subprocess("export", model_name, backend, folder, str(args.prompt_len))
+                if "error" not in exported[backend]:
+                    engines.append(backend)
+            samples: dict[str, list[dict]] = {engine: [] for engine in engines}
+            for _ in range(args.rounds):
+                for engine in engines:
+                    loads.append(os.getloadavg()[0])
+                    folder = "-" if engine == "eager" else os.path.join(tmp, f"{model_name}-{engine}")
+                    samples[engine].append(_subprocess("run", model_name, engine, folder, timing))
+            summary = {}
+            for engine, runs in samples.items():
+                ok = [r for r in runs if "error" not in r]
+                if not ok:
+                    summary[engine] = {"error": runs[0]["error"]}
                     continue
-                result = _subprocess("run", model_name, backend, folder, timing)
+                speeds = [r["tokens_per_s"] for r in ok]
+                summary[engine] = {
+                    "tokens_per_s": statistics.median(speeds),
+                    "tokens_per_s_min": min(speeds),
+                    "tokens_per_s_max": max(speeds),
+                    "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in ok),
+                    "torch_threads": ok[0]["torch_threads"],
+                    "runs": len(ok),
+                    "ids": ok[0]["ids"],
+                }
+            eager = summary["eager"]
+            for engine in ["eager", *args.backends.split(",")]:
+                if engine != "eager" and engine not in summary:
+                    rows.append({"model": model_name, "backend": engine, "error": exported[engine]["error"]})
+                    continue
+                result = dict(summary[engine])
                 if "error" not in result and "error" not in eager:
                     result["speed_ratio"] = result["tokens_per_s"] / eager["tokens_per_s"]
                     result["memory_ratio"] = result["peak_rss_mib"] / eager["peak_rss_mib"]
                     result["ids_equal"] = result["ids"] == eager["ids"]
-                rows.append({"model": model_name, "backend": backend, **exported, **result})
-    print(f"{'model':6} {'backend':11} {'tok/s':>9} {'x eager':>8} {'peak MiB':>9} {'x eager':>8} {'ids==eager':>10}")
+                rows.append({"model": model_name, "backend": engine, **exported.get(engine, {}), **result})
+    print(f"rounds {args.rounds}, load average {min(loads):.1f} to {max(loads):.1f}")
+    print(f"{'model':6} {'backend':11} {'tok/s':>9} {'min-max':>15} {'x eager':>8} {'peak MiB':>9} {'x eager':>8} {'ids==eager':>10}")
     for row in rows:
         if "error" in row:
             print(f"{row['model']:6} {row['backend']:11} error: {row['error']}")
             continue
+        spread = f"{row['tokens_per_s_min']:.1f}-{row['tokens_per_s_max']:.1f}"
         print(
-            f"{row['model']:6} {row['backend']:11} {row['tokens_per_s']:9.1f} {row['speed_ratio']:8.2f} "
+            f"{row['model']:6} {row['backend']:11} {row['tokens_per_s']:9.1f} {spread:>15} {row['speed_ratio']:8.2f} "
             f"{row['peak_rss_mib']:9.0f} {row['memory_ratio']:8.2f} {str(row['ids_equal']):>10}"
         )
     if args.json:
+        meta = {
+            "command": " ".join(["python", "benchmarks/generation_speed.py", *sys.argv[1:]]),
+            "rounds": args.rounds,
+            "cpus": os.cpu_count(),
+            "load_average_1min": {"min": min(loads), "max": max(loads)},
+            "parameters": {name: _parameters(name) for name in args.models.split(",")},
+            "date": time.strftime("%Y-%m-%d"),
+        }
         with open(args.json, "w") as handle:
-            json.dump([{k: v for k, v in r.items() if k != "ids"} for r in rows], handle, indent=2)
+            json.dump({"meta": meta, "rows": [{k: v for k, v in r.items() if k != "ids"} for r in rows]}, handle, indent=2)
+
+
+def _parameters(name: str) -> int:
+    return sum(p.numel() for p in _model(name).parameters())
 
 
 if __name__ == "__main__":

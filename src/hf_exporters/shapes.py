@@ -105,15 +105,16 @@ def output_names(exported_program: torch.export.ExportedProgram) -> list[str]:
     return [name or "output" for name, _ in tensor_leaves(structure)]
 
 
-def tensor_leaves(inputs: Any) -> list[tuple[str, torch.Tensor]]:
+def tensor_leaves(inputs: Any, types: tuple[type, ...] = (torch.Tensor,)) -> list[tuple[str, Any]]:
     """``(name, tensor)`` for every tensor in ``inputs``, in the order ``torch.export`` flattens them.
 
     Names join the pytree key path with ``_`` (``past_key_values_0``), as torch.export names inputs.
+    ``types``: the leaf types that count as tensors (the ONNX runner adds ``onnxruntime.OrtValue``).
     """
     flat, _ = pytree.tree_flatten_with_path(inputs)
     out = []
     for path, leaf in flat:
-        if isinstance(leaf, torch.Tensor):
+        if isinstance(leaf, types):
             out.append((_key_name(path), leaf))
     return out
 

@@ -9,10 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch.utils import _pytree as pytree
-
 from ..deps import require
-from ..shapes import _key_name, tensor_leaves
+from ..shapes import tensor_leaves
 
 
 class OrtRunner:
@@ -65,8 +63,7 @@ class OrtRunner:
             ValueError: as :meth:`feeds`.
         """
         ort = require("onnxruntime", "Running an ONNX model")
-        flat, _ = pytree.tree_flatten_with_path(inputs)
-        leaves = [(_key_name(path), leaf) for path, leaf in flat if isinstance(leaf, (torch.Tensor, ort.OrtValue))]
+        leaves = tensor_leaves(inputs, (torch.Tensor, ort.OrtValue))
         if len(leaves) != len(self.input_names):
             by_name = dict(leaves)
             missing = [n for n in self.input_names if n not in by_name]
