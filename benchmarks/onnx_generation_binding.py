@@ -4,7 +4,7 @@
 memory) as the next step's inputs (``io_binding=True``, the default); with ``io_binding=False`` every step
 goes through ``InferenceSession.run``, which copies every cache tensor out into numpy and feeds it back.
 For each model (the random-weight Llama configs of ``generation_speed.py``) the generation folder is
-exported once, then the two modes alternate for ``--rounds`` rounds of one greedy request each; the
+exported once, then the two modes alternate (ABBA order) for ``--rounds`` rounds of one greedy request each; the
 median tokens/s of each and their ratio are reported, and the ids of the two modes must be equal.
 
 Writes ``benchmarks/results/onnx_generation_binding.json`` and prints a Markdown table.
@@ -62,8 +62,9 @@ def main() -> int:
             speeds: dict[bool, list[float]] = {True: [], False: []}
             outputs: dict[bool, list[list[int]]] = {}
             generator.generate(**inputs, max_new_tokens=2)  # warm-up
-            for _ in range(args.rounds):
-                for bound in (True, False):
+            for round_index in range(args.rounds):
+                # ABBA order: neither mode always runs first in a round
+                for bound in (True, False) if round_index % 2 == 0 else (False, True):
                     loads.append(os.getloadavg()[0])
                     generator.io_binding = bound
                     start = time.perf_counter()
