@@ -106,3 +106,16 @@ def test_config_describes_the_model_and_the_pipeline():
     assert [list(step) for step in decoder["pipeline"]] == [["prefill"], ["decode"]]
     assert decoder["pipeline"][0]["prefill"]["run_on_prompt"] and not decoder["pipeline"][0]["prefill"]["run_on_token_gen"]
     assert decoder["pipeline"][1]["decode"]["run_on_token_gen"] and not decoder["pipeline"][1]["decode"]["run_on_prompt"]
+
+
+def test_graph_refusal_reads_the_counts_before_anything_is_renamed(tmp_path):
+    from hf_exporters.generation.genai import genai_graph_refusal
+
+    (tmp_path / "decode").mkdir()
+    path = tmp_path / "decode" / "model.onnx"
+    _decode_like(path, layers=1)
+    assert genai_graph_refusal([path], layers=1) is None
+    assert genai_graph_refusal([path], layers=3) == (
+        "decode/model.onnx has 4 inputs and 3 outputs, not a prefill or decode graph over 3 layers of keys and values"
+    )
+    assert onnx.load(str(path)).graph.input[2].name == "past_key_values_0"  # untouched

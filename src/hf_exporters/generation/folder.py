@@ -177,13 +177,15 @@ class GenerationArtifacts(dict):
         Raises:
             ExportStageError: a renamed part's outputs differ from the part's before the renaming.
         """
-        from .genai import apply_genai_layout, genai_layout_refusal, write_genai_config
+        from .genai import apply_genai_layout, genai_graph_refusal, genai_layout_refusal, write_genai_config
 
         roles = {entry["role"] for entry in parts_manifest.values()}
         cache = next((entry.get("cache") or {} for entry in parts_manifest.values() if entry["role"] == "decode"), {})
         refusal = genai_layout_refusal(
             self.exporter.name, roles, cache, bool(getattr(self.model.config, "is_encoder_decoder", False))
         )
+        if refusal is None:
+            refusal = genai_graph_refusal([staging / entry["file"] for entry in parts_manifest.values()], int(cache.get("layers") or 0))
         if refusal is not None:
             return {"config": None, "reason": refusal}
         graphs = {}

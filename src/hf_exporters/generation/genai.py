@@ -42,6 +42,21 @@ def genai_layout_refusal(backend: str, roles: set[str], cache: dict[str, Any], i
     return None
 
 
+def genai_graph_refusal(paths: list[Path], layers: int) -> str | None:
+    """Why the graphs at ``paths`` cannot take the genai layout (:func:`apply_genai_layout` would refuse
+    them), or None; reads the graphs' inputs and outputs only."""
+    import onnx
+
+    for path in paths:
+        graph = onnx.load(str(path), load_external_data=False).graph
+        if len(graph.output) != 1 + 2 * layers or len(graph.input) not in (2, 2 + 2 * layers):
+            return (
+                f"{path.parent.name}/{path.name} has {len(graph.input)} inputs and {len(graph.output)} outputs, not a "
+                f"prefill or decode graph over {layers} layers of keys and values"
+            )
+    return None
+
+
 def _names(layers: int, prefix: str) -> list[str]:
     return [f"{prefix}.{layer}.{kind}" for layer in range(layers) for kind in ("key", "value")]
 
