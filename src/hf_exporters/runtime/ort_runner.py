@@ -38,17 +38,24 @@ class OrtRunner:
 
     def feeds(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
         """``{graph input name: array}`` for ``inputs``."""
-        leaves = tensor_leaves(inputs)
-        if len(leaves) != len(self.input_names):
-            by_name = dict(leaves)
-            missing = [n for n in self.input_names if n not in by_name]
-            if missing:
-                raise ValueError(
-                    f"the ONNX model takes {len(self.input_names)} inputs ({', '.join(self.input_names)}) "
-                    f"but the inputs flatten to {len(leaves)} tensors ({', '.join(n for n, _ in leaves)})"
-                )
-            return {n: _to_numpy(by_name[n]) for n in self.input_names}
-        return {name: _to_numpy(tensor) for name, (_, tensor) in zip(self.input_names, leaves)}
+        return {name: _to_numpy(tensor) for name, tensor in self._ordered(tensor_leaves(inputs))}
+
+    def _ordered(self, leaves: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """``(graph input name, leaf)`` in graph order: by position when the counts agree, else by name.
+
+        Raises:
+            ValueError: a graph input has no leaf.
+        """
+        if len(leaves) == len(self.input_names):
+            return [(name, leaf) for name, (_, leaf) in zip(self.input_names, leaves)]
+        by_name = dict(leaves)
+        missing = [n for n in self.input_names if n not in by_name]
+        if missing:
+            raise ValueError(
+                f"the ONNX model takes {len(self.input_names)} inputs ({', '.join(self.input_names)}) "
+                f"but the inputs flatten to {len(leaves)} tensors ({', '.join(n for n, _ in leaves)})"
+            )
+        return [(n, by_name[n]) for n in self.input_names]
 
     def __call__(self, inputs: dict[str, Any]) -> list[np.ndarray]:
         return self.session.run(self.output_names, self.feeds(inputs))
@@ -63,19 +70,10 @@ class OrtRunner:
             ValueError: as :meth:`feeds`.
         """
         ort = require("onnxruntime", "Running an ONNX model")
-        leaves = tensor_leaves(inputs, (torch.Tensor, ort.OrtValue))
-        if len(leaves) != len(self.input_names):
-            by_name = dict(leaves)
-            missing = [n for n in self.input_names if n not in by_name]
-            if missing:
-                raise ValueError(
-                    f"the ONNX model takes {len(self.input_names)} inputs ({', '.join(self.input_names)}) "
-                    f"but the inputs flatten to {len(leaves)} tensors ({', '.join(n for n, _ in leaves)})"
-                )
-            leaves = [(n, by_name[n]) for n in self.input_names]
+        leaves = self._ordered(tensor_leaves(inputs, (torch.Tensor, ort.OrtValue)))
         binding = self.session.io_binding()
         arrays = []  # the numpy views bound below must outlive the run
-        for name, (_, value) in zip(self.input_names, leaves):
+        for name, value in leaves:
             if isinstance(value, ort.OrtValue):
                 binding.bind_ortvalue_input(name, value)
             else:
