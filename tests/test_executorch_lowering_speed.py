@@ -203,8 +203,8 @@ EDGE = "_patch_edge_passes_skip_absent_operators"
 
 
 class MixedBlock(torch.nn.Module):
-    """(B, 4) float and (B, 1) int64 -> (B, 3): a transposed weight (``aten.t``), a view, and float + int64
-    arithmetic, so every pass the patch may skip has work here."""
+    """(B, 4) float and (B, 1) int64 -> (B, 3): float + int64 arithmetic, which ``RemoveMixedTypeOperators``
+    casts (the transposed weight and the view are made copies before the skipped passes run)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -267,9 +267,25 @@ def test_promotion_rule_follows_the_dtypes():
     assert lowering_speed._promotes(graph_of(torch.float16, torch.float32))
 
 
-@pytest.mark.parametrize("make,inputs", [(ConvBlock, _inputs), (MixedBlock, _mixed_inputs)], ids=["conv", "mixed"])
-def test_program_the_same_with_edge_passes_skipped(make, inputs):
+@pytest.mark.parametrize(
+    "make,inputs,acting",
+    [(ConvBlock, _inputs, set()), (MixedBlock, _mixed_inputs, {"RemoveMixedTypeOperators"})],
+    ids=["conv", "mixed"],
+)
+def test_program_the_same_with_edge_passes_skipped(make, inputs, acting, monkeypatch):
+    decided: dict[str, bool] = {}
+    rules = lowering_speed._edge_skip_rules
+
+    def recording_rules():
+        def record(name, rule):
+            return lambda gm: decided.setdefault(name, rule(gm))
+
+        return {name: record(name, rule) for name, rule in rules().items()}
+
+    monkeypatch.setattr(lowering_speed, "_edge_skip_rules", recording_rules)
     buffer = ExecutorchExporter().export(make().eval(), inputs(), ExecutorchConfig()).buffer
+    assert set(decided) == set(rules())  # every rule was asked: the patch was in place
+    assert {name for name, acts in decided.items() if acts} == acting  # the others were skipped
     with without_workarounds(EDGE):
         plain = ExecutorchExporter().export(make().eval(), inputs(), ExecutorchConfig()).buffer
     assert buffer == plain

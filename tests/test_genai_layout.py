@@ -78,8 +78,8 @@ def test_layout_refuses_a_graph_that_is_not_a_part_over_those_layers(tmp_path):
     [
         ("onnx", {"prefill", "decode"}, {"kind": "dynamic", "layers": 2}, False, None),
         ("dynamo", {"prefill", "decode"}, {"kind": "dynamic"}, False, "not an ONNX folder"),
-        ("onnx", {"encoder", "decoder_prefill", "decoder"}, {"kind": "dynamic"}, True, "an encoder-decoder model"),
-        ("onnx", {"image_encoder", "prefill", "decode"}, {"kind": "dynamic"}, False, "parts ['decode', 'image_encoder', 'prefill']"),
+        ("onnx", {"encoder", "prefill", "decode"}, {"kind": "dynamic"}, True, "an encoder-decoder model"),
+        ("onnx", {"encoder", "prefill", "decode"}, {"kind": "dynamic"}, False, "parts ['decode', 'encoder', 'prefill']"),
         ("onnx", {"prefill", "decode"}, {"kind": "static"}, False, "a static cache"),
         ("onnx", {"prefill", "decode"}, {"kind": "dynamic", "tensors": [{"name": "conv"}]}, False, "a dynamic cache with recurrent states"),
     ],

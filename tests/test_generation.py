@@ -8,7 +8,6 @@ Default subset: Llama on the three backends, T5 and LLaVA on dynamo, folder chec
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -194,8 +193,10 @@ INTERMITTENT: dict[tuple[str, str], str] = {
 }
 
 
-def _export_folder(name: str, backend: str, tmp_path, generation_config=None):
+def _export_folder(name: str, backend: str, tmp_path, generation_config=None, eos_token_id=None):
     model, input_sets = MODELS[name]()
+    if eos_token_id is not None:
+        model.generation_config.eos_token_id = eos_token_id
     exporter = make_exporter(backend)
     artifacts = export_for_generation(exporter, model, input_sets[0], make_config(exporter, True, None), generation_config)
     folder = tmp_path / f"{name}-{backend}"
@@ -245,39 +246,27 @@ def _assert_cache_stays_bound(generator, inputs):
         generator.io_binding = True
 
 
+#: a token id the tiny Llama's greedy generation never produces from its test prompts (checked in the test)
+UNUSED_LLAMA_TOKEN = 62
+
+
 def _assert_onnxruntime_genai_runs_the_folder(model, folder, manifest, inputs):
-    """onnxruntime-genai loads the ONNX folder from its genai_config.json and generates eager's greedy ids."""
-    import onnxruntime as ort
-
+    """onnxruntime-genai loads the ONNX folder from its own genai_config.json and generates eager's greedy ids."""
     og = pytest.importorskip("onnxruntime_genai")
-    from hf_exporters.generation.genai import write_genai_config
-
-    # this tiny Llama has no eos_token_id, which onnxruntime-genai needs: the graphs carry its names, and the
-    # configuration is written here with an eos id that eager generates for none of the prompts
-    assert manifest["onnxruntime_genai"]["config"] is None
-    assert manifest["onnxruntime_genai"]["reason"].startswith("the model has no eos_token_id")
-    assert manifest["parts"]["decode"]["outputs"][:3] == ["logits", "present.0.key", "present.0.value"]
-    prompts, expected = [], []
+    assert manifest["onnxruntime_genai"] == {"layout": True, "config": "genai_config.json"}
+    decode = manifest["parts"]["decode"]
+    assert decode["outputs"][:3] == ["logits", "present.0.key", "present.0.value"]
+    assert [i["name"] for i in decode["inputs"]][:4] == ["input_ids", "attention_mask", "past_key_values.0.key", "past_key_values.0.value"]
+    described = json.loads((folder / "genai_config.json").read_text())["model"]
+    assert (described["eos_token_id"], described["vocab_size"]) == (UNUSED_LLAMA_TOKEN, model.config.vocab_size)
+    heads = model.config.num_key_value_heads
+    assert (described["decoder"]["num_key_value_heads"], described["decoder"]["head_size"]) == (heads, model.config.head_dim)
+    genai_model = og.Model(str(folder))
     for row in range(inputs["input_ids"].shape[0]):
         prompt = inputs["input_ids"][row][inputs["attention_mask"][row].bool()][None]  # the row without its padding
         with torch.no_grad():
-            eager = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS, do_sample=False)
-        prompts.append(prompt)
-        expected.append(eager[0].tolist())
-    generated = {t for ids, prompt in zip(expected, prompts) for t in ids[prompt.shape[1] :]}
-    with_eos = copy.deepcopy(model.generation_config)
-    with_eos.eos_token_id = max(set(range(model.config.vocab_size)) - generated)
-    parts = {
-        part["role"]: {
-            "file": part["file"],
-            "inputs": [i.name for i in ort.InferenceSession(str(folder / part["file"])).get_inputs()],
-            "outputs": part["outputs"],
-        }
-        for part in manifest["parts"].values()
-    }
-    write_genai_config(folder, model.config, with_eos, parts)
-    genai_model = og.Model(str(folder))
-    for prompt, want in zip(prompts, expected):
+            want = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
+        assert UNUSED_LLAMA_TOKEN not in want[prompt.shape[1] :]
         params = og.GeneratorParams(genai_model)
         params.set_search_options(max_length=prompt.shape[1] + NEW_TOKENS, do_sample=False)
         generator = og.Generator(genai_model, params)
@@ -305,7 +294,9 @@ def _params():
 def test_greedy_ids_equal_eager(name, backend, tmp_path):
     if backend == "executorch":
         pytest.importorskip("executorch.runtime", reason="the ExecuTorch generation tests need the executorch extra")
-    model, input_sets, folder, manifest = _export_folder(name, backend, tmp_path)
+    # the ONNX Llama gets an eos id its prompts never generate, so its folder qualifies for onnxruntime-genai
+    eos = UNUSED_LLAMA_TOKEN if (name, backend) == ("llama", "onnx") else None
+    model, input_sets, folder, manifest = _export_folder(name, backend, tmp_path, eos_token_id=eos)
     assert all(part["parity"]["ok"] for part in manifest["parts"].values())
     generator = ExportedGenerator.from_pretrained(folder)
     _assert_same_ids(model, generator, input_sets)
@@ -621,3 +612,32 @@ def test_flattened_image_patches_are_refused_by_name():
                        r"shape \(16, 1536\)\) with image_grid_thw; generation with image inputs of this layout is not supported yet "
                        r"\(text-only generation is\)$"):
         build_parts(model, inputs)
+
+
+def test_a_failed_genai_renaming_leaves_the_folder_as_exported(tmp_path, monkeypatch):
+    """The onnxruntime-genai renaming failing on the second part: no graph is renamed, the export stands, and
+    export.json says why there is no genai_config.json; the folder generates eager's ids."""
+    from hf_exporters.generation import genai
+
+    renamed = []
+    apply = genai.apply_genai_layout
+
+    def failing(path, layers, out=None):
+        if renamed:
+            raise OSError(28, "No space left on device")
+        renamed.append(path)
+        return apply(path, layers, out)
+
+    monkeypatch.setattr(genai, "apply_genai_layout", failing)
+    model, input_sets, folder, manifest = _export_folder("llama", "onnx", tmp_path, eos_token_id=UNUSED_LLAMA_TOKEN)
+    assert renamed  # the first part was renamed beside the original before the second failed
+    assert manifest["onnxruntime_genai"] == {
+        "layout": False,
+        "config": None,
+        "reason": "the renaming for onnxruntime-genai failed: OSError: [Errno 28] No space left on device",
+    }
+    assert not (folder / "genai_config.json").exists() and not (folder / ".genai-layout").exists()
+    assert manifest["parts"]["decode"]["inputs"][2]["name"] == "past_key_values_0"
+    for part in manifest["parts"].values():
+        assert sorted(p.name for p in (folder / part["file"]).parent.iterdir()) == ["model.onnx", "model.onnx.data"]
+    _assert_same_ids(model, ExportedGenerator.from_pretrained(folder), input_sets[:1])

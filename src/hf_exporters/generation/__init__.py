@@ -27,6 +27,9 @@ Parts and their graphs (``B`` batch, ``T`` prompt length, ``P`` cached positions
     ``logits (B, V)`` (last position), ``present_0 .. present_{2L-1}`` (``(B, H, T, D)``, key then value per layer).
   - ``decode``: ``input_ids (B, 1)``, ``attention_mask (B, P + 1)``, ``past_key_values_0 .. _{2L-1}``
     (``(B, H, P, D)``) -> ``logits (B, V)``, ``present_*`` (``(B, H, P + 1, D)``).
+  - An ONNX folder with onnxruntime-genai's layout (``export.json`` ``onnxruntime_genai.layout``) names the
+    same tensors ``past_key_values.<l>.key|value`` and ``present.<l>.key|value`` and returns ``logits (B, 1, V)``
+    (:mod:`hf_exporters.generation.genai`).
 
 * encoder-decoder models (T5, Bart, Whisper, ...)
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..checkpoints import load_preprocessor, load_pretrained, read_config, resolve_model
-from ..errors import ExportStageError, InputError, ManifestError, ParityError
+from ..errors import InputError, ManifestError, ParityError
 from ..exporters.result import ExportResult
 from ..folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder
 from ..pipeline import describe_tensors, dynamic_axes, library_versions, make_config, make_exporter
@@ -170,42 +170,70 @@ class GenerationArtifacts(dict):
 
     def _genai_layout(self, staging: Path, parts_manifest: dict[str, Any], validate: bool) -> dict[str, Any]:
         """ONNX decoder-only folders: rename the parts' graph inputs and outputs as onnxruntime-genai reads
-        them and write its ``genai_config.json`` (:mod:`hf_exporters.generation.genai`); with ``validate``,
-        each renamed part must return exactly what it returned before. Returns the manifest's
-        ``onnxruntime_genai`` entry: ``{"config": file}``, or ``{"config": None, "reason": why not}``.
-
-        Raises:
-            ExportStageError: a renamed part's outputs differ from the part's before the renaming.
+        them and write its ``genai_config.json`` (:mod:`hf_exporters.generation.genai`). The renamed graphs are
+        written beside the originals and, with ``validate``, must return exactly what the originals return;
+        only then do they replace them, all parts or none. Returns the manifest's ``onnxruntime_genai``
+        entry: ``{"layout": True, "config": file}``, or ``{"layout": False, "config": None, "reason": why not}``
+        (a folder that does not qualify, or a renaming that failed: the export itself stands).
         """
-        from .genai import apply_genai_layout, genai_graph_refusal, genai_layout_refusal, write_genai_config
+        import shutil
+
+        from ..exporters._common import first_line
+        from .genai import apply_genai_layout, genai_graph_refusal, genai_layout_refusal, graph_dims, write_genai_config
 
         roles = {entry["role"] for entry in parts_manifest.values()}
         cache = next((entry.get("cache") or {} for entry in parts_manifest.values() if entry["role"] == "decode"), {})
         refusal = genai_layout_refusal(
             self.exporter.name, roles, cache, bool(getattr(self.model.config, "is_encoder_decoder", False))
         )
+        if refusal is None and getattr(self.model.generation_config, "eos_token_id", None) is None and getattr(self.model.config, "eos_token_id", None) is None:
+            refusal = "the model has no eos_token_id, which onnxruntime-genai requires"
         if refusal is None:
             refusal = genai_graph_refusal([staging / entry["file"] for entry in parts_manifest.values()], int(cache.get("layers") or 0))
         if refusal is not None:
-            return {"config": None, "reason": refusal}
-        graphs = {}
-        for name, entry in parts_manifest.items():
-            path = staging / entry["file"]
-            part = self.parts[name]
-            before = self.exporter.load_runner(path)(_copy_inputs(part.inputs)) if validate else None
-            inputs, outputs = apply_genai_layout(path, int(cache["layers"]))
+            return {"layout": False, "config": None, "reason": refusal}
+        layers = int(cache["layers"])
+        renamed = staging / ".genai-layout"
+        graphs: dict[str, Any] = {}
+        try:
+            renamed.mkdir()
+            for name, entry in parts_manifest.items():
+                path = staging / entry["file"]
+                out = renamed / name
+                out.mkdir()
+                inputs, outputs = apply_genai_layout(path, layers, out)
+                if validate:
+                    part = self.parts[name]
+                    before = self.exporter.load_runner(path)(_copy_inputs(part.inputs))
+                    after = self.exporter.load_runner(out / path.name)(_copy_inputs(part.inputs))
+                    same = len(after) == len(before) and np.array_equal(after[0][:, -1], before[0]) and all(
+                        np.array_equal(a, b) for a, b in zip(after[1:], before[1:])
+                    )
+                    if not same:
+                        raise ValueError(f"part {name!r}: the renamed graph's outputs differ from the exported graph's")
+                graphs[name] = (inputs, outputs, out)
+            decode = next(name for name, entry in parts_manifest.items() if entry["role"] == "decode")
+            dims = graph_dims(renamed / decode / Path(parts_manifest[decode]["file"]).name)
+        except Exception as error:  # noqa: BLE001 - the folder stands without the layout, saying why
+            shutil.rmtree(renamed, ignore_errors=True)
+            return {"layout": False, "config": None, "reason": f"the renaming for onnxruntime-genai failed: {first_line(error)}"}
+        for name, (inputs, outputs, out) in graphs.items():
+            entry = parts_manifest[name]
+            folder = (staging / entry["file"]).parent
+            for file in out.iterdir():
+                shutil.move(str(file), str(folder / file.name))
             entry["outputs"] = outputs
-            graphs[entry["role"]] = {"file": entry["file"], "inputs": inputs, "outputs": outputs}
-            if before is not None:
-                after = self.exporter.load_runner(path)(_copy_inputs(part.inputs))
-                same = len(after) == len(before) and np.array_equal(after[0][:, -1], before[0]) and all(
-                    np.array_equal(a, b) for a, b in zip(after[1:], before[1:])
-                )
-                if not same:
-                    raise ExportStageError("onnx", "onnxruntime-genai layout", f"part {name!r}: the renamed graph's outputs differ from the exported graph's")
-        if getattr(self.model.generation_config, "eos_token_id", None) is None and getattr(self.model.config, "eos_token_id", None) is None:
-            return {"config": None, "reason": "the model has no eos_token_id, which onnxruntime-genai requires (the graphs carry its names)"}
-        return {"config": write_genai_config(staging, self.model.config, self.model.generation_config, graphs)}
+            if len(entry["inputs"]) == len(inputs):
+                for described, graph_name in zip(entry["inputs"], inputs):
+                    described["name"] = graph_name
+            entry["files"] = sorted(str(p.relative_to(staging)) for p in folder.rglob("*") if p.is_file())
+        shutil.rmtree(renamed, ignore_errors=True)
+        graph_names = {
+            entry["role"]: {"file": entry["file"], "inputs": graphs[name][0], "outputs": graphs[name][1]}
+            for name, entry in parts_manifest.items()
+        }
+        config = write_genai_config(staging, self.model.config, self.model.generation_config, graph_names, dims)
+        return {"layout": True, "config": config}
 
 
 def _describe_inputs(inputs: dict[str, Any]) -> list[dict[str, Any]]:

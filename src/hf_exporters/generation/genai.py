@@ -44,27 +44,66 @@ def genai_layout_refusal(backend: str, roles: set[str], cache: dict[str, Any], i
 
 def genai_graph_refusal(paths: list[Path], layers: int) -> str | None:
     """Why the graphs at ``paths`` cannot take the genai layout (:func:`apply_genai_layout` would refuse
-    them), or None; reads the graphs' inputs and outputs only."""
+    them), or None; reads the graphs' inputs and outputs only.
+
+    A graph qualifies when it has ``input_ids``, ``attention_mask`` and, for a decode graph, ``2 x layers``
+    cache inputs, returns logits then ``2 x layers`` cache tensors, no output is a graph input, an
+    initializer or another output, and every key and value has the same (heads, head size).
+    """
     import onnx
 
     for path in paths:
         graph = onnx.load(str(path), load_external_data=False).graph
+        where = f"{path.parent.name}/{path.name}"
         if len(graph.output) != 1 + 2 * layers or len(graph.input) not in (2, 2 + 2 * layers):
             return (
-                f"{path.parent.name}/{path.name} has {len(graph.input)} inputs and {len(graph.output)} outputs, not a "
+                f"{where} has {len(graph.input)} inputs and {len(graph.output)} outputs, not a "
                 f"prefill or decode graph over {layers} layers of keys and values"
             )
+        outputs = [o.name for o in graph.output]
+        taken = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+        if len(set(outputs)) != len(outputs) or taken & set(outputs):
+            return f"{where} returns one of its inputs, initializers or outputs twice (onnxruntime-genai binds each output once)"
+        if _cache_dims(graph) is None:
+            return f"{where}: its keys and values differ in heads or head size from layer to layer (onnxruntime-genai sizes them all alike)"
     return None
+
+
+def _cache_dims(graph: Any) -> tuple[int, int] | None:
+    """(heads, head size) shared by every cache output of ``graph`` (an ``onnx.GraphProto``), or None."""
+    dims = set()
+    for output in list(graph.output)[1:]:
+        shape = output.type.tensor_type.shape.dim
+        if len(shape) != 4 or not shape[1].HasField("dim_value") or not shape[3].HasField("dim_value"):
+            return None
+        dims.add((shape[1].dim_value, shape[3].dim_value))
+    return dims.pop() if len(dims) == 1 else None
+
+
+def _vocabulary(graph: Any) -> int | None:
+    shape = graph.output[0].type.tensor_type.shape.dim
+    return shape[-1].dim_value if shape and shape[-1].HasField("dim_value") else None
+
+
+def graph_dims(path: Path) -> dict[str, int | None]:
+    """The cache's heads and head size and the logits' vocabulary, read off the graph at ``path``."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    heads, head_size = _cache_dims(graph) or (None, None)
+    return {"num_key_value_heads": heads, "head_size": head_size, "vocab_size": _vocabulary(graph)}
 
 
 def _names(layers: int, prefix: str) -> list[str]:
     return [f"{prefix}.{layer}.{kind}" for layer in range(layers) for kind in ("key", "value")]
 
 
-def apply_genai_layout(path: Path, layers: int) -> tuple[list[str], list[str]]:
-    """Rename the graph at ``path`` (``model.onnx`` beside its ``model.onnx.data``) in place: inputs
-    ``input_ids, attention_mask, past_key_values.<l>.key|value``, outputs ``logits (B, 1, V),
-    present.<l>.key|value``. Returns ``(input names, output names)``.
+def apply_genai_layout(path: Path, layers: int, out: Path | None = None) -> tuple[list[str], list[str]]:
+    """Write the graph at ``path`` (``model.onnx``, beside its ``model.onnx.data`` when it has one) renamed for
+    onnxruntime-genai into the folder ``out`` (the graph's own folder when None): inputs ``input_ids,
+    attention_mask, past_key_values.<l>.key|value``, outputs ``logits (B, 1, V), present.<l>.key|value``.
+    The weights stay in an external ``.data`` file only when they were in one. Returns ``(input names,
+    output names)``.
 
     Raises:
         ValueError: the graph's inputs or outputs are not those of a prefill or decode part over ``layers``
@@ -92,26 +131,37 @@ def apply_genai_layout(path: Path, layers: int) -> tuple[list[str], list[str]]:
         unsqueeze.outputs[0].shape = ir.Shape([shape[0], 1, shape[1]])
     graph.append(unsqueeze)
     graph.outputs[0] = unsqueeze.outputs[0]
-    # the weights are read from the file being replaced: write beside it, then move into place
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+    data = path.name + ".data"
+    external = (path.parent / data).exists()
+    target = out or path.parent
+    # the weights are read from the files being replaced: write beside them, then move into place
+    with tempfile.TemporaryDirectory(dir=target) as tmp:
         staged = Path(tmp) / path.name
-        data = path.name + ".data"
-        ir.save(model, staged, external_data=data)
+        if external:
+            ir.save(model, staged, external_data=data)
+        else:
+            ir.save(model, staged)
         del model, graph
         for name in (path.name, data):
             if (Path(tmp) / name).exists():
-                shutil.move(str(Path(tmp) / name), str(path.parent / name))
+                shutil.move(str(Path(tmp) / name), str(target / name))
     return [v.name for v in inputs], ["logits", *_names(layers, "present")]
 
 
-def genai_config(config: Any, generation_config: Any, parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def genai_config(config: Any, generation_config: Any, parts: dict[str, dict[str, Any]], dims: dict[str, int | None] | None = None) -> dict[str, Any]:
     """The ``genai_config.json`` of a folder whose ``prefill`` and ``decode`` parts have the genai layout
     (the model must name an ``eos_token_id``: onnxruntime-genai refuses a configuration without one).
 
-    ``parts``: part name -> ``{"file", "inputs", "outputs"}`` (graph names, as :func:`apply_genai_layout` returns)."""
+    ``parts``: part name -> ``{"file", "inputs", "outputs"}`` (graph names, as :func:`apply_genai_layout` returns);
+    ``dims``: the cache's ``num_key_value_heads`` and ``head_size`` and the logits' ``vocab_size`` as the graphs
+    have them (:func:`graph_dims`), which onnxruntime-genai sizes its buffers by; the model config's values
+    stand in for any that is None."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    dims = dims or {}
     heads = int(text.num_attention_heads)
-    head_size = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    head_size = int(dims.get("head_size") or getattr(text, "head_dim", None) or text.hidden_size // heads)
+    kv_heads = int(dims.get("num_key_value_heads") or getattr(text, "num_key_value_heads", None) or heads)
+    vocab = int(dims.get("vocab_size") or text.vocab_size)
 
     def token(name: str) -> Any:
         value = getattr(generation_config, name, None)
@@ -140,14 +190,14 @@ def genai_config(config: Any, generation_config: Any, parts: dict[str, dict[str,
             "bos_token_id": token("bos_token_id") if token("bos_token_id") is not None else -1,
             "eos_token_id": eos,
             "pad_token_id": pad if pad is not None else (eos[0] if isinstance(eos, list) else eos if eos is not None else 0),
-            "vocab_size": int(text.vocab_size),
+            "vocab_size": vocab,
             "context_length": context,
             "decoder": {
                 "session_options": {"log_id": "hf-exporters", "provider_options": []},
                 "head_size": head_size,
                 "hidden_size": int(text.hidden_size),
                 "num_attention_heads": heads,
-                "num_key_value_heads": int(getattr(text, "num_key_value_heads", None) or heads),
+                "num_key_value_heads": kv_heads,
                 "num_hidden_layers": int(text.num_hidden_layers),
                 "inputs": {
                     "input_ids": "input_ids",
@@ -174,7 +224,9 @@ def genai_config(config: Any, generation_config: Any, parts: dict[str, dict[str,
     }
 
 
-def write_genai_config(directory: Path, config: Any, generation_config: Any, parts: dict[str, dict[str, Any]]) -> str:
+def write_genai_config(
+    directory: Path, config: Any, generation_config: Any, parts: dict[str, dict[str, Any]], dims: dict[str, int | None] | None = None
+) -> str:
     """Write :func:`genai_config` to ``directory``; returns the file name."""
-    (directory / GENAI_CONFIG).write_text(json.dumps(genai_config(config, generation_config, parts), indent=2) + "\n")
+    (directory / GENAI_CONFIG).write_text(json.dumps(genai_config(config, generation_config, parts, dims), indent=2) + "\n")
     return GENAI_CONFIG

@@ -70,6 +70,8 @@ class ExportedGenerator:
         #: as the next step's inputs with onnxruntime's IOBinding, with no copy through numpy per step;
         #: False runs every step with ``InferenceSession.run`` (numpy in and out)
         self.io_binding = True
+        #: ONNX folders laid out for onnxruntime-genai return logits as (B, 1, V)
+        self.logits_as_sequence = bool((manifest.get("onnxruntime_genai") or {}).get("layout"))
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike[str], load_preprocessor: bool = True, runtime: str = "python") -> "ExportedGenerator":
@@ -296,7 +298,7 @@ class ExportedGenerator:
                         feed.update(prefill_extra)
                     outputs = self._run("prefill" if step == 0 else "decode", feed)
                 logits, cache = outputs[0].float(), outputs[1:]
-                if logits.dim() == 3:  # (B, 1, V): an ONNX part laid out for onnxruntime-genai
+                if self.logits_as_sequence:  # (B, 1, V): an ONNX part laid out for onnxruntime-genai
                     logits = logits[:, -1]
                 scores = processors(sequences, logits)
                 if config.do_sample:
