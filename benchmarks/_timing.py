@@ -25,3 +25,27 @@ def interleaved_ms(engines: dict[str, Callable[[], object]], runs: int, warmup: 
                 fn()
                 samples[name].append((time.perf_counter() - start) * 1000)
     return samples
+
+
+def write_results(out: "Path", rows: list[dict], loads: list[float], **settings: object) -> dict:
+    """Write ``{"meta": ..., "rows": rows}`` to ``out`` (JSON); ``meta`` holds the exact command, the Python,
+    machine and core count, the 1-minute load average seen over the run (``loads``), the date and
+    ``settings``. Returns ``meta``."""
+    import json
+    import os
+    import platform
+    import sys
+    from pathlib import Path
+
+    meta = {
+        "command": " ".join(["python", str(Path(sys.argv[0]).as_posix()), *sys.argv[1:]]),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        **settings,
+        "load_average_1min": {"min": min(loads), "max": max(loads)},
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    return meta

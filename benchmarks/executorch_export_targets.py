@@ -22,15 +22,15 @@ Usage: ``python benchmarks/executorch_export_targets.py [--rounds 3] [--models m
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import write_results  # noqa: E402
 
 WITHOUT = "_patch_xnnpack_passes_skip_absent_operators_lazy,_patch_node_provenance_shared,_patch_edge_passes_skip_absent_operators"
 
@@ -119,17 +119,7 @@ def main() -> int:
         onnx = by[(r["model"], "onnx")]
         r["first_over_executorch"] = r["first_s"] / ours["first_s"]
         r["executorch_first_over_onnx_first"] = ours["first_s"] / onnx["first_s"]
-    meta = {
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "rounds": args.rounds,
-        "without": args.without.split(","),
-        "load_average_1min": {"min": min(loads), "max": max(loads)},
-        "date": time.strftime("%Y-%m-%d"),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    write_results(args.out, rows, loads, rounds=args.rounds, without=args.without.split(","))
     print(f"\nload average {min(loads):.1f} to {max(loads):.1f}, median of {args.rounds} rounds\n")
     print("| model | variant | first export s | second export s | first / with | .pte same |\n|---|---|---|---|---|---|")
     for r in rows:

@@ -25,12 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import write_results  # noqa: E402
 
 MODELS = ("MiniLM static", "MiniLM dynamic", "tiny Llama prefill dynamic")
 ENGINES = ("ours", "bare", "transformers.exporters")
@@ -134,18 +135,7 @@ def main() -> int:
     for r in rows:
         mine = ours.get((r["backend"], r["model"]))
         r["ratio_to_ours"] = r["seconds"] / mine if r["seconds"] and mine else None
-    meta = {
-        "command": " ".join(["python", "benchmarks/export_time.py", *sys.argv[1:]]),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "rounds": args.rounds,
-        "opset": args.opset,
-        "load_average_1min": {"min": min(loads), "max": max(loads)},
-        "date": time.strftime("%Y-%m-%d"),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    write_results(args.out, rows, loads, rounds=args.rounds, opset=args.opset)
     print(f"\nload average {min(loads):.1f} to {max(loads):.1f}; median of {args.rounds} fresh-process samples\n")
     print("| backend | model | engine | median export s | min-max | ratio to ours |\n|---|---|---|---|---|---|")
     for r in rows:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import transformers  # noqa: E402
 transformers.utils.logging.set_verbosity_error()
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _timing import write_results  # noqa: E402
 from generation_speed import CONFIGS, _model  # noqa: E402
 
 from hf_exporters import OnnxConfig, OnnxExporter  # noqa: E402
@@ -84,16 +84,7 @@ def main() -> int:
         row["ratio"] = row["io_binding_tokens_per_s"] / row["session_run_tokens_per_s"]
         rows.append(row)
         print(json.dumps(row), flush=True)
-    meta = {
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "threads": torch.get_num_threads(),
-        "rounds": args.rounds,
-        "load_average_1min": {"min": min(loads), "max": max(loads)},
-        "date": time.strftime("%Y-%m-%d"),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    write_results(args.out, rows, loads, threads=torch.get_num_threads(), rounds=args.rounds)
     print(f"\nload average {min(loads):.1f} to {max(loads):.1f}, median of {args.rounds} rounds\n")
     print("| model | prompt | new tokens | IOBinding tokens/s | session.run tokens/s | IOBinding / run | ids equal |")
     print("|---|---|---|---|---|---|---|")
