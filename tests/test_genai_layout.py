@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from hf_exporters.generation.genai import apply_genai_layout, genai_config, genai_layout_refusal
 
-ort = pytest.importorskip("onnxruntime")
+ort = pytest.importorskip("onnxruntime", reason="the genai layout is checked in onnxruntime: the onnx extra")
 
 
 def _decode_like(path, layers: int = 1) -> None:
