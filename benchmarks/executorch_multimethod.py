@@ -1,126 +1,131 @@
-"""Prefill and decode of a generation folder lowered in one ``to_edge_transform_and_lower`` call (one
-multi-method ``.pte``) against one call per part (two ``.pte`` files, as ``export_for_generation`` writes).
+"""A generation folder's parts as the methods of one ExecuTorch program (``ExecutorchConfig(one_program=True)``,
+the default) against one program per part (``one_program=False``), as ``export_for_generation`` writes them.
 
-Exports the tiny Llama's generation parts with ``ExecutorchExporter`` (XNNPACK, dynamic shapes, as the
-folder does), keeping each part's traced program; then lowers both programs in one call under the same
-Stage 3 patches, runs every method of both artifacts through ``executorch.runtime`` on the parts'
-example inputs, and reports lowering seconds, ``.pte`` bytes and the largest difference between the
-two artifacts' outputs.
+For each model (the 2-layer tiny Llama of ``export_time.py`` and a 4-layer Llama with hidden size 256), each
+mode runs in its own Python process, after imports and model loading: ``export_for_generation`` (XNNPACK,
+dynamic shapes), ``save_pretrained`` (with the parity check), then ``ExportedGenerator`` loads the folder and
+generates ``--new-tokens`` greedy tokens from a 16-token prompt (one untimed warm-up call first). Reported per
+mode: export seconds (all stages), the seconds of the lowering and serialisation, ``.pte`` bytes on disk, the
+folder's load seconds, decode tokens/s, the process's peak resident memory, and the generated ids (both modes
+must give the same).
 
-Writes ``benchmarks/results/executorch_multimethod.json``.
+Rounds are interleaved (both modes once per round); the median over ``--rounds`` is reported with the load
+average seen.
 
-Usage: ``python benchmarks/executorch_multimethod.py [--layers 2] [--hidden 64] [--vocab 256]``
+Writes ``benchmarks/results/executorch_multimethod.json`` and prints a Markdown table.
+
+Usage: ``python benchmarks/executorch_multimethod.py [--rounds 3] [--models tiny,small] [--new-tokens 32]``
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
+import statistics
+import subprocess
 import sys
-import time
-import warnings
 from pathlib import Path
-from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import write_results  # noqa: E402
+
+MODELS = {"tiny": {"layers": 2, "hidden": 64, "vocab": 256}, "small": {"layers": 4, "hidden": 256, "vocab": 4096}}
+
+CHILD = r"""
+import json, os, resource, sys, tempfile, time, warnings
+from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore")
-
-import torch  # noqa: E402
-import torch.utils._pytree as pytree  # noqa: E402
-import transformers  # noqa: E402
-
+import torch, transformers
 transformers.utils.logging.set_verbosity_error()
+torch.set_num_threads(2)
+from hf_exporters import ExecutorchConfig, ExecutorchExporter
+from hf_exporters.generation import ExportedGenerator, export_for_generation
 
-from hf_exporters import ExecutorchConfig, ExecutorchExporter, registry  # noqa: E402
-from hf_exporters.generation import export_for_generation  # noqa: E402
-from hf_exporters.runtime.et_runner import INPUT_MUTATIONS_METHOD  # noqa: E402
-from hf_exporters.shapes import size_oblivious_sizes  # noqa: E402
-
-
-def run_method(buffer: bytes, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    from executorch.runtime import Runtime
-
-    program = Runtime.get().load_program(buffer)
-    return [t.clone() for t in program.load_method(method).execute(inputs) if isinstance(t, torch.Tensor)]
+spec, one, new_tokens = json.loads(sys.argv[1]), sys.argv[2] == "one", int(sys.argv[3])
+torch.manual_seed(0)
+config = transformers.LlamaConfig(vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=2 * spec["hidden"],
+                                  num_hidden_layers=spec["layers"], num_attention_heads=4, num_key_value_heads=2, eos_token_id=None)
+model = transformers.LlamaForCausalLM(config).eval()
+ids = torch.randint(1, spec["vocab"], (1, 16), generator=torch.Generator().manual_seed(1))
+inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+with tempfile.TemporaryDirectory() as tmp:
+    started = time.perf_counter()
+    artifacts = export_for_generation(ExecutorchExporter(), model, inputs, ExecutorchConfig(one_program=one))
+    export_seconds = time.perf_counter() - started
+    lowering = {name: sum(v for k, v in result.stage_seconds.items() if k.startswith(("lowering", "serialisation")))
+                for name, result in artifacts.results.items()}
+    artifacts.save_pretrained(Path(tmp) / "folder")
+    pte_bytes = sum(p.stat().st_size for p in (Path(tmp) / "folder").rglob("*.pte"))
+    del artifacts
+    started = time.perf_counter()
+    generator = ExportedGenerator.from_pretrained(Path(tmp) / "folder")
+    load_seconds = time.perf_counter() - started
+    generator.generate(**inputs, max_new_tokens=2)
+    started = time.perf_counter()
+    out = generator.generate(**inputs, max_new_tokens=new_tokens)
+    generate_seconds = time.perf_counter() - started
+print(json.dumps({
+    "export_seconds": export_seconds,
+    # one program: one lowering shared by the parts; otherwise one per part
+    "lowering_seconds": max(lowering.values()) if one else sum(lowering.values()),
+    "pte_bytes": pte_bytes,
+    "load_seconds": load_seconds,
+    "tokens_per_second": new_tokens / generate_seconds,
+    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "ids": out[0, ids.shape[1]:].tolist(),
+    "parameters": sum(p.numel() for p in model.parameters()),
+}))
+"""
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--models", default="tiny,small")
+    parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "executorch_multimethod.json")
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    import executorch.exir as exir
-    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-    sdpa.get_graphs(), bilinear_2d.get_graphs()
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_hidden_layers=args.layers,
-        num_attention_heads=4, num_key_value_heads=2, eos_token_id=None,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
-    ids = torch.randint(1, args.vocab, (1, 8), generator=torch.Generator().manual_seed(1))
-
-    captured: list[dict[str, Any]] = []
-    original = exir.to_edge_transform_and_lower
-
-    def capturing(programs: Any, *a: Any, **kw: Any) -> Any:
-        start = time.perf_counter()
-        edge = original(programs, *a, **kw)
-        captured.append({"program": programs, "constant_methods": kw.get("constant_methods"), "lower_seconds": time.perf_counter() - start})
-        return edge
-
-    exir.to_edge_transform_and_lower = capturing
-    try:
-        start = time.perf_counter()
-        parts = export_for_generation(ExecutorchExporter(), model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, ExecutorchConfig())
-        separate_seconds = time.perf_counter() - start
-    finally:
-        exir.to_edge_transform_and_lower = original
-    names = list(parts)
-    programs = {name: entry["program"] for name, entry in zip(names, captured)}
-    separate = {name: parts[name].buffer for name in names}
-
-    with registry.apply_patches("executorch.xnnpack", stage="Stage 3: ExecuTorch patches"), size_oblivious_sizes():
-        start = time.perf_counter()
-        edge = exir.to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()], constant_methods=captured[0]["constant_methods"])
-        combined_lower = time.perf_counter() - start
-        start = time.perf_counter()
-        combined = edge.to_executorch().buffer
-        combined_emit = time.perf_counter() - start
-
-    diffs = {}
-    for name in names:
-        leaves = [t for t in pytree.tree_leaves(programs[name].example_inputs) if isinstance(t, torch.Tensor)]
-        want = run_method(separate[name], "forward", leaves)
-        got = run_method(combined, name, leaves)
-        diffs[name] = max(float((g - w).abs().max()) for g, w in zip(got, want))
-    result = {
-        "parts": names,
-        "separate": {
-            "lower_seconds": {n: round(e["lower_seconds"], 2) for n, e in zip(names, captured)},
-            "export_seconds_all_stages": round(separate_seconds, 2),
-            "pte_bytes": {n: len(b) for n, b in separate.items()},
-            "pte_bytes_total": sum(len(b) for b in separate.values()),
-        },
-        "combined": {"lower_seconds": round(combined_lower, 2), "to_executorch_seconds": round(combined_emit, 2), "pte_bytes": len(combined)},
-        "max_abs_diff_combined_vs_separate": diffs,
-        "config_method": INPUT_MUTATIONS_METHOD,
-        "load_average": os.getloadavg(),
-        "model": {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab},
-    }
-    print(json.dumps(result, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    models = args.models.split(",")
+    modes = ["one", "separate"]
+    samples: dict[tuple[str, str], list[dict]] = {(m, mode): [] for m in models for mode in modes}
+    loads = [os.getloadavg()[0]]
+    for round_index in range(args.rounds):
+        for model in models:
+            for mode in modes if round_index % 2 == 0 else modes[::-1]:
+                done = subprocess.run(
+                    [sys.executable, "-c", CHILD, json.dumps(MODELS[model]), mode, str(args.new_tokens)],
+                    capture_output=True, text=True, check=False,
+                )
+                if done.returncode != 0:
+                    print(done.stderr[-3000:], file=sys.stderr)
+                    return 1
+                samples[(model, mode)].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                loads.append(os.getloadavg()[0])
+                print(model, mode, round_index, file=sys.stderr)
+    rows = []
+    keys = ("export_seconds", "lowering_seconds", "pte_bytes", "load_seconds", "tokens_per_second", "peak_rss_mb")
+    for model in models:
+        ids = {mode: samples[(model, mode)][0]["ids"] for mode in modes}
+        for mode in modes:
+            runs = samples[(model, mode)]
+            row = {"model": model, "mode": mode, "parameters": runs[0]["parameters"], "rounds": len(runs),
+                   "same_ids_as_separate": ids[mode] == ids["separate"]}
+            for key in keys:
+                values = [r[key] for r in runs]
+                row[key] = round(statistics.median(values), 3)
+                row[key + "_range"] = [round(min(values), 3), round(max(values), 3)]
+            rows.append(row)
+    write_results(args.out, rows, loads, rounds=args.rounds, new_tokens=args.new_tokens, models={m: MODELS[m] for m in models})
+    print("| model | mode | export s | lowering s | .pte KB | load s | tokens/s | peak RSS MB | same ids |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['model']} ({row['parameters'] / 1e6:.2f}M) | {row['mode']} | {row['export_seconds']:.1f} | {row['lowering_seconds']:.1f} | "
+              f"{row['pte_bytes'] / 1024:.0f} | {row['load_seconds']:.2f} | {row['tokens_per_second']:.0f} | {row['peak_rss_mb']:.0f} | "
+              f"{'yes' if row['same_ids_as_separate'] else 'no'} |")
     return 0
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(main())
+    sys.exit(main())

@@ -192,6 +192,22 @@ def llama_generation(tmp_path_factory):
     return model, folder
 
 
+def test_the_parts_are_the_methods_of_one_program(llama_generation):
+    """The folder's prefill and decode are the methods of one model.pte (one lowering, the weights stored once),
+    each with its own constant method counting the mutated-input outputs."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    _, folder = llama_generation
+    manifest = json.loads((folder / "export.json").read_text())
+    assert {name: (part["file"], part["method"], part["files"]) for name, part in manifest["parts"].items()} == {
+        "prefill": ("model.pte", "prefill", ["model.pte"]),
+        "decode": ("model.pte", "decode", ["model.pte"]),
+    }
+    assert sorted(p.name for p in folder.rglob("*.pte")) == ["model.pte"]
+    plans = sorted(plan.name for plan in deserialize_pte_binary((folder / "model.pte").read_bytes()).program.execution_plan)
+    assert plans == ["decode", "hf_exporters_input_mutation_outputs.decode", "hf_exporters_input_mutation_outputs.prefill", "prefill"]
+
+
 def test_cpp_greedy_ids_equal_eager_generate(llama_generation):
     model, folder = llama_generation
     prompt = [5, 17, 33, 2, 71, 9]
@@ -230,6 +246,7 @@ def test_generator_with_the_python_runtime_equals_eager_and_refuses_long_prompts
     with torch.no_grad():
         eager = model.generate(**inputs, max_new_tokens=8, do_sample=False)
     generator = ExportedGenerator.from_pretrained(folder)
+    assert generator.runners["decode"].program is generator.runners["prefill"].program  # the program is loaded once
     assert generator.generate(**inputs, max_new_tokens=8).tolist() == eager.tolist()
     limit = UNBOUNDED_DIM_MAX
     long_prompt = torch.randint(3, 64, (1, limit + 72))
@@ -277,7 +294,7 @@ def test_a_prompt_longer_than_the_export_bound_is_refused_before_running(llama_g
     module = cpp_runner.load_module()
     with pytest.raises(module.HfxError, match=f"prompt of {limit + 1} tokens, this folder was exported for at most {limit}"):
         module.generate_greedy(str(folder), [5] * (limit + 1), 1)
-    part = cpp_runner.CppExecutorchRunner(folder / "prefill" / "model.pte")
+    part = cpp_runner.CppExecutorchRunner(folder / "model.pte", "prefill")
     assert [list(b) for b in part.part.input_bounds()] == [[limit, limit], [limit, limit]]
     ids = torch.full((1, limit + 1), 5)
     with pytest.raises(CppRunnerError, match=f"input 0 axis 1 is {limit + 1}, the program was exported for at most {limit} .*--max-seq-len"):
@@ -293,16 +310,17 @@ MALFORMED = [
     ("escape", "is outside the folder"),
     ("missing", "is missing"),
     ("garbage_json", "not valid JSON"),
+    ("method", "model.pte: the program has no method 'nope'"),
 ]
 
 
-def _with_planned_buffer_size(data: bytes, size: int) -> bytes:
-    """``data`` (a .pte) with its forward method's last memory-planned buffer size set to ``size``, in place."""
+def _with_planned_buffer_size(data: bytes, size: int, method: str) -> bytes:
+    """``data`` (a .pte) with ``method``'s last memory-planned buffer size set to ``size``, in place."""
     import struct
 
     from executorch.exir._serialize._program import deserialize_pte_binary
 
-    plan = next(p for p in deserialize_pte_binary(data).program.execution_plan if p.name == "forward")
+    plan = next(p for p in deserialize_pte_binary(data).program.execution_plan if p.name == method)
     sizes = plan.non_const_buffer_sizes
     old = struct.pack(f"<{len(sizes)}q", *sizes)
     assert data.count(old) == 1, sizes
@@ -321,14 +339,16 @@ def _broken_copy(folder, tmp_path, edit):
     elif edit == "empty":
         decode.write_bytes(b"")
     elif edit == "huge_plan":  # a corrupt planned-buffer size (was bad_alloc; under ASan an abort)
-        decode.write_bytes(_with_planned_buffer_size(decode.read_bytes(), 1 << 50))
+        decode.write_bytes(_with_planned_buffer_size(decode.read_bytes(), 1 << 50, manifest["parts"]["decode"]["method"]))
     elif edit == "schema":
         manifest["schema_version"] = 7
     elif edit == "escape":
         manifest["parts"]["decode"]["file"] = "../../../etc/passwd"
     elif edit == "missing":
         decode.unlink()
-    if edit in ("schema", "escape"):
+    elif edit == "method":
+        manifest["parts"]["decode"]["method"] = "nope"
+    if edit in ("schema", "escape", "method"):
         (broken / "export.json").write_text(json.dumps(manifest))
     if edit == "garbage_json":
         (broken / "export.json").write_text("{ not json")

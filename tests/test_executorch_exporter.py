@@ -83,7 +83,7 @@ def _lower_and_run(model, example, fixes, run_shapes, make=None):
 
 
 def test_export_reads_as_five_stages():
-    source = inspect.getsource(ExecutorchExporter.run)
+    source = inspect.getsource(ExecutorchExporter.run_methods)
     titles = re.findall(r"# ── (Stage \d: [^─]+) ──", source)
     assert titles == [
         "Stage 1: Backend preparation",
@@ -320,6 +320,52 @@ def test_runner_drops_input_mutation_outputs_and_passes_scalars(tmp_path):
     assert runner.skip_outputs == 1  # the mutated `state` comes first in ExecuTorch's outputs
     out = runner({"state": torch.zeros(2, 3), "x": torch.ones(2, 3), "scale": 2.0})
     assert [o.tolist() for o in out] == [[[2.0] * 3] * 2, 6.0]
+
+
+class SharedLinear(torch.nn.Module):
+    """Two methods over one 64x64 linear layer: ``step`` also updates ``state`` in place."""
+
+    def __init__(self, linear: torch.nn.Linear, step: bool) -> None:
+        super().__init__()
+        self.linear, self.step = linear, step
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        if self.step:
+            state.add_(x)
+            return self.linear(state)
+        return self.linear(x) * 2
+
+
+def test_run_methods_lowers_one_program_with_a_method_per_module():
+    """Two modules sharing a weight lowered in one call: one program with both methods, the weight stored
+    once, each method's own count of mutated-input outputs, and each method equal to its module."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 64)
+    modules = {"prefill": SharedLinear(linear, step=False).eval(), "decode": SharedLinear(linear, step=True).eval()}
+    inputs = {"x": _x(2, 64), "state": torch.zeros(2, 64)}
+    exporter = ExecutorchExporter()
+    results = exporter.run_methods({name: (module, dict(inputs)) for name, module in modules.items()})
+    assert list(results) == ["prefill", "decode"]
+    manager = results["prefill"].program
+    assert results["decode"].program is manager
+    assert results["prefill"].partitions == results["decode"].partitions == {"decode": 1, "prefill": 1}
+    assert sorted(manager.methods) == ["decode", "prefill"]
+    assert "lowering (to_edge_transform_and_lower)" in results["decode"].stage_seconds
+    separate = [len(exporter.export(module, dict(inputs)).buffer) for module in modules.values()]
+    weight = 64 * 64 * 4
+    assert min(separate) > weight and len(manager.buffer) < min(separate) + weight // 2, (len(manager.buffer), separate)
+    for name, module in modules.items():
+        runner = ExecutorchRunner(manager.buffer, name)
+        assert runner.skip_outputs == (1 if name == "decode" else 0)
+        got = runner({"x": _x(2, 64), "state": torch.ones(2, 64)})
+        with torch.no_grad():
+            want = module(_x(2, 64), torch.ones(2, 64))
+        assert len(got) == 1 and float((got[0] - want).abs().max()) < 1e-5
+    with pytest.raises(ValueError, match=r"^the program has no method 'forward' \(it has \["):
+        ExecutorchRunner(manager.buffer)
+    prefill = ExecutorchRunner(manager.buffer, "prefill")
+    decode = prefill.for_method("decode")
+    assert decode.program is prefill.program and decode.skip_outputs == 1
 
 
 def test_runner_loads_bytes():

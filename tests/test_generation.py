@@ -319,6 +319,29 @@ def test_greedy_ids_equal_eager(name, backend, tmp_path):
 
 
 @pytest.mark.slow
+def test_executorch_parts_as_one_program_equal_one_program_per_part(tmp_path):
+    """ExecuTorch ``one_program`` (the default) against ``one_program=False``: the folder holds one ``.pte``
+    whose weights are stored once (the two files hold them twice), and both give eager's ids."""
+    pytest.importorskip("executorch.runtime", reason="the ExecuTorch generation tests need the executorch extra")
+    import dataclasses
+
+    model, input_sets = MODELS["llama"]()
+    exporter = make_exporter("executorch")
+    folders = {}
+    for one in (True, False):
+        config = dataclasses.replace(make_config(exporter, True, None), one_program=one)
+        folders[one] = tmp_path / f"one-program-{one}"
+        manifest = export_for_generation(exporter, model, input_sets[0], config).save_pretrained(folders[one])
+        assert [part["file"] for part in manifest["parts"].values()] == (["model.pte"] * 2 if one else ["prefill/model.pte", "decode/model.pte"])
+        assert all(("method" in part) == one for part in manifest["parts"].values())
+        _assert_same_ids(model, ExportedGenerator.from_pretrained(folders[one]), input_sets)
+    together = (folders[True] / "model.pte").stat().st_size
+    apart = sum((folders[False] / name / "model.pte").stat().st_size for name in ("prefill", "decode"))
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert apart - together > 0.9 * weights, (together, apart, weights)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch"])
 def test_static_cache_h15(backend, tmp_path):
     """H15: StaticCache (max_cache_len 16) as graph input and output, one graph for prefill and decode."""

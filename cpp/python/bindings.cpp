@@ -24,7 +24,8 @@ PYBIND11_MODULE(_hfx, m) {
   py::class_<hfx::PartRunner>(m, "PartRunner")
       .def("run", &hfx::PartRunner::run, py::call_guard<py::gil_scoped_release>())
       .def("input_bounds", &hfx::PartRunner::input_bounds, "The largest shape each tensor input takes (empty when the runtime does not say).");
-  m.def("load_executorch", &hfx::load_executorch, "Load a .pte program (its forward method).");
+  m.def("load_executorch", &hfx::load_executorch, "Load a method of a .pte program (forward by default).", py::arg("path"),
+        py::arg("method") = "forward");
   m.def("load_aoti", &hfx::load_aoti, "Load an AOTInductor package (*.aoti.pt2).");
   m.def(
       "generate_greedy",

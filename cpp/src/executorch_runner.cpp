@@ -143,20 +143,25 @@ std::string error_text(et::Error error) {
 }
 
 //: the constant method in which hf_exporters records how many mutated-input outputs precede the model's
+//: (for `forward`; another method `m` of a multi-method program has its own, "<this>.m")
 constexpr const char* kInputMutationsMethod = "hf_exporters_input_mutation_outputs";
+
+std::string input_mutations_method(const std::string& method) {
+  return method == "forward" ? std::string(kInputMutationsMethod) : std::string(kInputMutationsMethod) + "." + method;
+}
 
 class ExecutorchPart final : public PartRunner {
  public:
-  explicit ExecutorchPart(const std::filesystem::path& path) : path_(path.string()) {
+  ExecutorchPart(const std::filesystem::path& path, const std::string& method) : path_(path.string()), method_name_(method) {
     static std::once_flag init;
     std::call_once(init, [] { et::runtime_init(); });
     loader_.emplace(path_);
     auto program = et::Program::load(&*loader_, et::Program::Verification::InternalConsistency);
     if (!program.ok()) throw Error(path_ + ": not a valid ExecuTorch program (" + error_text(program.error()) + ")");
     program_.emplace(std::move(*program));
-    method_ = load("forward", planned_);
+    method_ = load(method_name_.c_str(), planned_);
     // The shape each tensor input is planned for: a dynamic axis at its upper bound.
-    auto meta = program_->method_meta("forward");
+    auto meta = program_->method_meta(method_name_.c_str());
     for (size_t i = 0; i < meta->num_inputs(); ++i) {
       auto tag = meta->input_tag(i);
       if (!tag.ok() || *tag != et::Tag::Tensor) continue;
@@ -164,9 +169,10 @@ class ExecutorchPart final : public PartRunner {
       if (!info.ok()) throw Error(path_ + ": input " + std::to_string(i) + " has no tensor metadata (" + error_text(info.error()) + ")");
       bounds_.emplace_back(info->sizes().begin(), info->sizes().end());
     }
-    if (program_->method_meta(kInputMutationsMethod).ok()) {
+    const std::string constant_name = input_mutations_method(method_name_);
+    if (program_->method_meta(constant_name.c_str()).ok()) {
       std::vector<std::vector<uint8_t>> scratch;
-      auto constant = load(kInputMutationsMethod, scratch);
+      auto constant = load(constant_name.c_str(), scratch);
       if (constant->execute() == et::Error::Ok && constant->outputs_size() > 0 && constant->get_output(0).isInt())
         skip_outputs_ = static_cast<size_t>(constant->get_output(0).toInt());
     }
@@ -175,7 +181,7 @@ class ExecutorchPart final : public PartRunner {
   std::vector<std::vector<int64_t>> input_bounds() const override { return bounds_; }
 
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) override {
-    auto meta = program_->method_meta("forward");
+    auto meta = program_->method_meta(method_name_.c_str());
     size_t next = 0;
     std::vector<std::vector<et::etensor::TensorImpl::SizesType>> sizes(meta->num_inputs());
     for (size_t i = 0; i < meta->num_inputs(); ++i) {
@@ -271,6 +277,7 @@ class ExecutorchPart final : public PartRunner {
   }
 
   std::string path_;
+  std::string method_name_;
   std::optional<MmapLoader> loader_;
   std::optional<et::Program> program_;
   HeapAllocator method_allocator_, temp_allocator_;
@@ -285,6 +292,8 @@ class ExecutorchPart final : public PartRunner {
 
 }  // namespace
 
-std::unique_ptr<PartRunner> load_executorch(const std::filesystem::path& path) { return std::make_unique<ExecutorchPart>(path); }
+std::unique_ptr<PartRunner> load_executorch(const std::filesystem::path& path, const std::string& method) {
+  return std::make_unique<ExecutorchPart>(path, method);
+}
 
 }  // namespace hfx

@@ -96,6 +96,8 @@ Manifest read_manifest(const fs::path& directory) {
         p.name = name;
         p.role = entry.at("role").get<std::string>();
         std::tie(p.file, p.format) = runnable_file(directory, m.backend, entry, "file", part_where);
+        p.method = entry.value("method", std::string("forward"));
+        if (p.method.empty()) throw Error(part_where + ": 'method' is empty");
         p.inputs = tensor_specs(entry.at("inputs"), part_where);
         p.outputs = output_names(entry.at("outputs"), part_where);
         if (entry.contains("cache") && entry["cache"].is_object()) {

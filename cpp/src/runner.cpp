@@ -9,7 +9,7 @@
 namespace hfx {
 
 std::unique_ptr<PartRunner> load_part(const Manifest& manifest, const Part& part) {
-  if (part.format == "executorch") return load_executorch(part.file);
+  if (part.format == "executorch") return load_executorch(part.file, part.method);
   if (part.format == "aoti") {
 #ifdef HFX_WITH_AOTI
     return load_aoti(part.file);

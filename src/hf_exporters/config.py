@@ -80,6 +80,10 @@ class ExecutorchConfig(DynamoConfig):
             default (32 for ``8da4w``, one scale per output channel for ``8da8w``).
         quantize_embeddings: ``"8w"``: every ``nn.Embedding`` table in int8 (one scale per row), looked up
             by ExecuTorch's ``quantized_decomposed::embedding_byte`` kernel; None for float.
+        one_program: a generation folder's parts (prefill, decode, encoder) as the methods of one program,
+            lowered in one ``to_edge_transform_and_lower`` call and written as one ``model.pte`` whose
+            methods share the weights (stored once); False: one ``.pte`` per part. A single export has one
+            method, ``forward``, either way.
     """
 
     backend: str = "xnnpack"
@@ -87,3 +91,4 @@ class ExecutorchConfig(DynamoConfig):
     quantize: str | None = None
     group_size: int | None = None
     quantize_embeddings: str | None = None
+    one_program: bool = True

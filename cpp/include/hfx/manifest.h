@@ -24,6 +24,7 @@ struct Part {
   std::string role;  // "forward", "prefill", "decode" or "encoder"
   std::filesystem::path file;  // absolute path, inside the folder (for dynamo: the AOTInductor package when there is one)
   std::string format;          // "executorch" (.pte), "aoti" (AOTInductor package), "exported_program" or "onnx"
+  std::string method = "forward";  // ExecuTorch: the program's method (the parts of a multi-method .pte share its file)
   std::vector<TensorSpec> inputs;
   std::vector<std::string> outputs;
   std::string cache_kind;  // "dynamic", "static", "encoder_decoder" or "" (no cache)

@@ -32,10 +32,11 @@ std::unique_ptr<PartRunner> load_part(const Manifest& manifest, const Part& part
 /// hfx::Error when the file is not a package the loader accepts.
 std::unique_ptr<PartRunner> load_aoti(const std::filesystem::path& path);
 
-/// Load a .pte file with the ExecuTorch runtime (its `forward` method). Throws hfx::Error when the
-/// file is not a valid program or the method cannot be loaded; its run() throws hfx::Error, before
-/// executing, for an input with another rank or an axis past input_bounds().
-std::unique_ptr<PartRunner> load_executorch(const std::filesystem::path& path);
+/// Load `method` of a .pte file with the ExecuTorch runtime (a generation folder's parts are the methods
+/// of one program). Throws hfx::Error when the file is not a valid program or has no such method, or the
+/// method cannot be loaded; its run() throws hfx::Error, before executing, for an input with another rank
+/// or an axis past input_bounds().
+std::unique_ptr<PartRunner> load_executorch(const std::filesystem::path& path, const std::string& method = "forward");
 
 /// The folder's single forward part (a single export, or the folder's `part` when given) run on
 /// `named` inputs (by manifest input name). Throws hfx::Error for a missing input or a runtime error.

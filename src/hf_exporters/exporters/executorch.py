@@ -17,7 +17,7 @@ from ..config import ExecutorchConfig
 from ..deps import require
 from ..errors import InputError
 from ..pytree import register_model_pytrees
-from ..runtime.et_runner import INPUT_MUTATIONS_METHOD
+from ..runtime.et_runner import input_mutations_method
 from ..shapes import size_oblivious_sizes
 from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
 from ..workarounds.executorch.lowering_speed import check_pinned_internals
@@ -66,12 +66,13 @@ class ExecutorchExporter(DynamoExporter):
         path.write_bytes(program.buffer)
         return path
 
-    def load_runner(self, path: str | os.PathLike[str]) -> Any:
-        """A callable ``run(inputs) -> output tensors in flatten order`` over the ``.pte`` with executorch.runtime."""
+    def load_runner(self, path: str | os.PathLike[str], method: str = "forward") -> Any:
+        """A callable ``run(inputs) -> output tensors in flatten order`` over ``method`` of the ``.pte`` with
+        executorch.runtime."""
         from ..runtime.et_runner import ExecutorchRunner
 
         register_model_pytrees(None)
-        return ExecutorchRunner(path)
+        return ExecutorchRunner(path, method)
 
     def manifest_entries(self) -> dict[str, Any]:
         """What ``export.json`` records of the last export's quantization under ``"executorch"`` (mode, group
@@ -110,80 +111,120 @@ class ExecutorchExporter(DynamoExporter):
             InputError: an unknown backend or quantization mode, or a group size no linear layer takes.
             ExportStageError: a stage, the trace or the lowering failed; the message names it.
         """
-        config = config or ExecutorchConfig()
+        return self.run_methods({"forward": (model, inputs)}, config)["forward"]
+
+    def run_methods(
+        self, methods: Mapping[str, tuple[torch.nn.Module, Mapping[str, Any]]], config: ExecutorchConfig | dict[str, ExecutorchConfig] | None = None
+    ) -> dict[str, ExportResult]:
+        """Trace each ``module(**inputs)`` of ``methods`` (method name -> ``(module, inputs)``) and lower them
+        all in one ``to_edge_transform_and_lower`` call: one multi-method program whose methods share the
+        weights they have in common (stored once in the ``.pte``).
+
+        ``config``: one config for every method, or method name -> config (``dynamic_shapes`` differ by
+        method; ``backend``, the quantization fields and ``max_seq_len`` are read from the first).
+
+        Stages 1, 2, 4 and 5 run per method, Stage 3 and the lowering once for all. Each method ``m``
+        other than ``forward`` records its number of mutated-input outputs in the constant method
+        :func:`~hf_exporters.runtime.et_runner.input_mutations_method` (``m``).
+
+        Returns:
+            method name -> :class:`~hf_exporters.ExportResult`, in the order of ``methods``; every result
+            holds the same ``program`` (the ``ExecutorchProgramManager``) and ``partitions`` (per method);
+            ``stage_seconds`` holds the method's own stages and the shared lowering and serialisation.
+
+        Raises:
+            as :meth:`run`.
+        """
+        if not methods:
+            raise InputError("no method to export")
+        configs = {name: (config.get(name) if isinstance(config, dict) else config) or ExecutorchConfig() for name in methods}
+        first = next(iter(configs.values()))
         self.quantization = None
         exir = require("executorch.exir", "The ExecuTorch exporter")
-        inputs = normalize_inputs(inputs)
-        scope = f"executorch.{config.backend}"
-        seconds: dict[str, float] = {}
+        scope = f"executorch.{first.backend}"
+        seconds: dict[str, dict[str, float]] = {name: {} for name in methods}  # Stages 1-2 and the trace
+        fixes: dict[str, dict[str, float]] = {name: {} for name in methods}  # Stages 4-5
+        traced: dict[str, ExportResult] = {}
+        embeddings = None
         with registry.export_lock(), registry.recording_fired() as fired, contextlib.ExitStack() as stack:
-            # ── Stage 1: Backend preparation ──
-            with stage(self.name, "Stage 1: Backend preparation", seconds):
-                backends = registry.executorch_backends()
-                if config.backend not in backends:
-                    raise InputError(
-                        f"unknown ExecuTorch backend {config.backend!r}; known backends: {', '.join(sorted(backends))}"
-                    )
-                model, inputs, partitioners = backends[config.backend](model, inputs)
-                self.quantization = None
-                embeddings = check_embedding_quantize(config.quantize_embeddings)
-                if config.quantize is not None or embeddings is not None:
-                    mode, group_size = check_quantize(config.quantize, config.group_size)
-                    model = copy.deepcopy(model)  # the caller's model stays the float reference
-                    quantization: dict[str, Any] = {}
-                    if mode is not None:
-                        model, count, left_float = quantize_linears(model, mode, group_size, in_place=True)
-                        quantization.update(quantize=mode, group_size=group_size, quantized_linears=count, float_linears=left_float)
-                    if embeddings is not None:
-                        quantization.update(quantize_embeddings=embeddings, quantized_embeddings=quantize_embeddings(model, embeddings))
-                    self.quantization = quantization
+            for name, (model, inputs) in methods.items():
+                method_config = configs[name]
+                inputs = normalize_inputs(inputs)
+                # ── Stage 1: Backend preparation ──
+                with stage(self.name, "Stage 1: Backend preparation", seconds[name]):
+                    backends = registry.executorch_backends()
+                    if method_config.backend not in backends:
+                        raise InputError(
+                            f"unknown ExecuTorch backend {method_config.backend!r}; known backends: {', '.join(sorted(backends))}"
+                        )
+                    model, inputs, partitioners = backends[method_config.backend](model, inputs)
+                    embeddings = check_embedding_quantize(method_config.quantize_embeddings)
+                    if method_config.quantize is not None or embeddings is not None:
+                        mode, group_size = check_quantize(method_config.quantize, method_config.group_size)
+                        model = copy.deepcopy(model)  # the caller's model stays the float reference
+                        quantization: dict[str, Any] = {}
+                        if mode is not None:
+                            model, count, left_float = quantize_linears(model, mode, group_size, in_place=True)
+                            quantization.update(quantize=mode, group_size=group_size, quantized_linears=count, float_linears=left_float)
+                        if embeddings is not None:
+                            quantization.update(quantize_embeddings=embeddings, quantized_embeddings=quantize_embeddings(model, embeddings))
+                        self.quantization = quantization
 
-            with contextlib.ExitStack() as trace_patches:  # the Stage 2 patches: for the trace only
-                # ── Stage 2: Torch patches ──
-                with stage(self.name, "Stage 2: Torch patches", seconds):
-                    trace_patches.enter_context(registry.apply_patches(scope, stage="Stage 2: Torch patches"))
-                traced = super().run(model, inputs, config)
-            seconds.update(trace_stage_seconds(traced))
-            exported = traced.exported_program
+                with contextlib.ExitStack() as trace_patches:  # the Stage 2 patches: for the trace only
+                    # ── Stage 2: Torch patches ──
+                    with stage(self.name, "Stage 2: Torch patches", seconds[name]):
+                        trace_patches.enter_context(registry.apply_patches(scope, stage="Stage 2: Torch patches"))
+                    traced[name] = super().run(model, inputs, method_config)
+                seconds[name].update(trace_stage_seconds(traced[name]))
 
             # ── Stage 3: ExecuTorch patches ──
-            with stage(self.name, "Stage 3: ExecuTorch patches", seconds):
+            patching: dict[str, float] = {}
+            with stage(self.name, "Stage 3: ExecuTorch patches", patching):
                 check_pinned_internals(scope)
                 stack.enter_context(registry.apply_patches(scope, stage="Stage 3: ExecuTorch patches"))
 
-            # ── Stage 4: FX program fixes ──
-            with stage(self.name, "Stage 4: FX program fixes", seconds), dynamic_dim_max(config.max_seq_len):
-                registry.apply_fx_program_fixes(scope, exported, stage="Stage 4: FX program fixes")
+            for name, result in traced.items():
+                exported = result.exported_program
+                # ── Stage 4: FX program fixes ──
+                with stage(self.name, "Stage 4: FX program fixes", fixes[name]), dynamic_dim_max(configs[name].max_seq_len):
+                    registry.apply_fx_program_fixes(scope, exported, stage="Stage 4: FX program fixes")
 
-            # ── Stage 5: FX node fixes ──
-            with stage(self.name, "Stage 5: FX node fixes", seconds):
-                registry.apply_fx_node_fixes(scope, exported.graph_module, stage="Stage 5: FX node fixes")
+                # ── Stage 5: FX node fixes ──
+                with stage(self.name, "Stage 5: FX node fixes", fixes[name]):
+                    registry.apply_fx_node_fixes(scope, exported.graph_module, stage="Stage 5: FX node fixes")
 
-            if traced.dynamic_shapes is not None and traced.size_oblivious:
+            if any(result.dynamic_shapes is not None and result.size_oblivious for result in traced.values()):
                 # The lowering re-traces the program (run_decompositions); sizes traced from an
                 # example of 0 or 1 must stay symbolic there too, as in the trace (and plain when
                 # the trace fell back to plain reasoning).
                 stack.enter_context(size_oblivious_sizes())
-            with stage(self.name, LOWERING, seconds):
+            programs = {name: result.exported_program for name, result in traced.items()}
+            shared: dict[str, float] = {}  # the lowering and serialisation of every method
+            with stage(self.name, LOWERING, shared):
                 edge = exir.to_edge_transform_and_lower(
-                    exported,
+                    programs["forward"] if list(programs) == ["forward"] else programs,
                     partitioner=partitioners or None,
-                    constant_methods={INPUT_MUTATIONS_METHOD: 0},
+                    constant_methods={input_mutations_method(name): 0 for name in programs},
                 )
                 # Functionalisation in the lowering turns in-place cache updates into user-input
                 # mutations, which ExecuTorch returns before the model outputs: record how many.
-                edge._config_methods[INPUT_MUTATIONS_METHOD] = _input_mutation_outputs(edge.exported_program())
+                for name in programs:
+                    edge._config_methods[input_mutations_method(name)] = _input_mutation_outputs(edge.exported_program(name))
                 if embeddings is not None:
                     self.quantization["embedding_lookups"] = fuse_quantized_embeddings(edge)
-            with stage(self.name, SERIALISATION, seconds):
+            with stage(self.name, SERIALISATION, shared):
                 manager = edge.to_executorch()
-        return dataclasses.replace(
-            traced,
-            program=manager,
-            workarounds_fired=list(fired),
-            stage_seconds=seconds,
-            partitions=delegated_partitions(manager),
-        )
+        partitions = delegated_partitions(manager)
+        return {
+            name: dataclasses.replace(
+                result,
+                program=manager,
+                workarounds_fired=list(fired),
+                stage_seconds={**seconds[name], **patching, **fixes[name], **shared},
+                partitions=partitions,
+            )
+            for name, result in traced.items()
+        }
 
 
 #: stage titles of the lowering and the serialisation, in errors and ``stage_seconds``

@@ -49,6 +49,8 @@ class GenerationArtifacts(dict):
         parts: ``{part name: GenerationPart}``.
         model: the eager model (its config, generation config, and the reference for parity).
         dynamic_axes: ``{part name: {input name: [axes]}}`` symbolic in each exported program.
+        methods: ``{part name: method name}`` when the parts are the methods of one program (ExecuTorch
+            ``one_program``: one ``model.pte`` at the folder's root); empty when each part is its own file.
         results: ``{part name: ExportResult}`` of each part's export (empty when not exported here);
             the manifest's part entries take ``stage_seconds``, ``capture_strategy``,
             ``workarounds_fired`` and (ExecuTorch) ``partitions`` from them.
@@ -62,6 +64,7 @@ class GenerationArtifacts(dict):
         self.dynamic_axes = dynamic_axes
         self.export_seconds: dict[str, float] = {}
         self.results: dict[str, ExportResult] = {}
+        self.methods: dict[str, str] = {}
 
     def save_pretrained(
         self,
@@ -99,15 +102,24 @@ class GenerationArtifacts(dict):
         manifest: dict[str, Any] = {}
         with staged_folder(out, manifest) as staging:
             parts_manifest: dict[str, Any] = {}
+            shared: Path | None = None  # the one program whose methods the parts are
             for name, artifact in self.items():
                 part = self.parts[name]
-                folder = staging / name
-                folder.mkdir()
-                path = self.exporter.save(artifact, folder)
-                files = sorted(str(p.relative_to(staging)) for p in folder.rglob("*") if p.is_file())
+                method = self.methods.get(name)
+                if method is not None:
+                    if shared is None:
+                        shared = self.exporter.save(artifact, staging)
+                    path, folder = shared, staging
+                    files = [str(shared.relative_to(staging))]
+                else:
+                    folder = staging / name
+                    folder.mkdir()
+                    path = self.exporter.save(artifact, folder)
+                    files = sorted(str(p.relative_to(staging)) for p in folder.rglob("*") if p.is_file())
                 entry: dict[str, Any] = {
                     "role": part.role,
                     "file": str(path.relative_to(staging)),
+                    **({"method": method} if method is not None else {}),
                     "files": files,
                     "inputs": _describe_inputs(part.inputs),
                     "outputs": part.output_names,
@@ -124,7 +136,7 @@ class GenerationArtifacts(dict):
                     entry["files"] = sorted(str(p.relative_to(staging)) for p in folder.rglob("*") if p.is_file())
                     checked.append(package)
                 for path_checked in checked if validate else []:
-                    runner = self.exporter.load_runner(path_checked)
+                    runner = self.exporter.load_runner(path_checked, method) if method is not None else self.exporter.load_runner(path_checked)
                     with torch.no_grad():
                         expected = part.module(**_copy_inputs(part.inputs))
                     expected = list(expected) if isinstance(expected, tuple) else [expected]
@@ -272,6 +284,10 @@ def export_for_generation(exporter: Any, model: torch.nn.Module, inputs: Mapping
     A batch of 1 in ``inputs`` is repeated to a batch of 2 for the trace (see :func:`_widen_batch`);
     the graphs take any batch size.
 
+    With an ``ExecutorchConfig`` whose ``one_program`` is set (the default), the parts are the methods of one
+    ExecuTorch program, lowered in one call (``ExecutorchExporter.run_methods``): every part's artifact is
+    that program, and the folder holds one ``model.pte``.
+
     Returns:
         a :class:`GenerationArtifacts`: ``{part name: native artifact}`` with ``save_pretrained(dir)``.
 
@@ -285,17 +301,30 @@ def export_for_generation(exporter: Any, model: torch.nn.Module, inputs: Mapping
     axes: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     results: dict[str, ExportResult] = {}
+    configs: dict[str, Any] = {}
     for name, part in parts.items():
         part.dynamic_shapes = relaxed_shapes(part.dynamic_shapes, part.inputs)
-        part_config = dataclasses.replace(base, dynamic=True, dynamic_shapes=part.dynamic_shapes)
-        if hasattr(part_config, "output_path"):
-            part_config.output_path = None
+        configs[name] = dataclasses.replace(base, dynamic=True, dynamic_shapes=part.dynamic_shapes)
+        if hasattr(configs[name], "output_path"):
+            configs[name].output_path = None
+    methods: dict[str, str] = {}
+    if getattr(base, "one_program", False) and hasattr(exporter, "run_methods"):
+        # ExecuTorch: every part a method of one program, lowered in one call (the weights stored once)
         started = time.perf_counter()
-        results[name] = exporter.run(part.module, _copy_inputs(part.inputs), part_config)
-        seconds[name] = time.perf_counter() - started
+        results = exporter.run_methods({name: (part.module, _copy_inputs(part.inputs)) for name, part in parts.items()}, configs)
+        elapsed = time.perf_counter() - started
+        methods = {name: name for name in parts}
+        seconds = {name: elapsed for name in parts}
+    else:
+        for name, part in parts.items():
+            started = time.perf_counter()
+            results[name] = exporter.run(part.module, _copy_inputs(part.inputs), configs[name])
+            seconds[name] = time.perf_counter() - started
+    for name, part in parts.items():
         artifacts[name] = results[name].program
         axes[name] = dynamic_axes(results[name].exported_program, part.inputs)
     generated = GenerationArtifacts(exporter, model, parts, artifacts, axes)
+    generated.methods = methods
     generated.export_seconds = seconds
     generated.results = results
     return generated
@@ -393,6 +422,8 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         if role not in roles:
             raise ManifestError(f"{path}: no part has the role {role!r}; a generation folder needs a prefill and a decode part")
     for name, part in parts.items():
+        if "method" in part and (not isinstance(part["method"], str) or not part["method"]):
+            raise ManifestError(f"{path}: part {name!r} has a 'method' that is not a method name: {part['method']!r}")
         for rel in [part.get("file"), *part.get("files", [])]:
             if not isinstance(rel, str) or not rel:
                 raise ManifestError(f"{path}: part {name!r} has no file")

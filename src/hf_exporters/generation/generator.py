@@ -114,12 +114,17 @@ class ExportedGenerator:
             raise ManifestError(f"{root / 'generation_config.json'} cannot be read: {first_line(error)}") from error
         register_model_pytrees(None)
         runners = {}
+        loaded: dict[str, Any] = {}  # file -> the runner that loaded it (the parts of one program share it)
         for name, part in manifest["parts"].items():
             try:
-                if runtime == "python":
-                    runners[name] = exporter.load_runner(root / part["file"])
+                method = part.get("method")
+                if runtime == "python" and method and hasattr(loaded.get(part["file"]), "for_method"):
+                    runners[name] = loaded[part["file"]].for_method(method)
+                elif runtime == "python":
+                    runners[name] = exporter.load_runner(root / part["file"], method) if method else exporter.load_runner(root / part["file"])
+                    loaded[part["file"]] = runners[name]
                 else:
-                    runners[name] = CppExecutorchRunner(root / part["file"])
+                    runners[name] = CppExecutorchRunner(root / part["file"], method or "forward")
             except HfExportersError:
                 raise
             except Exception as error:  # noqa: BLE001 - the runtime refused the file

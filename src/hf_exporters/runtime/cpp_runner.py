@@ -75,10 +75,10 @@ class CppExecutorchRunner:
     """Runs a ``.pte`` with the C++ runner (the ExecuTorch C++ runtime): ``runner(inputs) -> output
     tensors``, the same contract as :class:`~hf_exporters.runtime.et_runner.ExecutorchRunner`."""
 
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], method: str = "forward"):
         self.module = load_module()
         try:
-            self.part = self.module.load_executorch(str(path))
+            self.part = self.module.load_executorch(str(path), method)
         except self.module.HfxError as error:
             raise CppRunnerError(str(error)) from None
 

@@ -139,6 +139,13 @@ def check_pte_file(path: str | os.PathLike[str] | bytes) -> None:
 INPUT_MUTATIONS_METHOD = "hf_exporters_input_mutation_outputs"
 
 
+def input_mutations_method(method: str) -> str:
+    """The constant method holding the number of mutated-input outputs that ``method`` returns before the
+    model's outputs: :data:`INPUT_MUTATIONS_METHOD` for ``forward``, ``<INPUT_MUTATIONS_METHOD>.<method>``
+    for another method of a multi-method program (kept in sync with the C++ runner)."""
+    return INPUT_MUTATIONS_METHOD if method == "forward" else f"{INPUT_MUTATIONS_METHOD}.{method}"
+
+
 def _register_quantized_kernels() -> None:
     """Load ExecuTorch's quantized operator library (``executorch.kernels.quantized``), whose kernels
     (``quantized_decomposed::embedding_byte`` of an ``--qembedding`` program, ...) the wheel's runtime does
@@ -150,20 +157,26 @@ def _register_quantized_kernels() -> None:
 
 
 class ExecutorchRunner:
-    """Loads ``path`` (a ``.pte`` file, or its bytes) and runs its ``forward`` method.
+    """Loads ``path`` (a ``.pte`` file, or its bytes) and runs its ``method`` (``forward`` by default; a
+    generation folder's parts are the methods of one program).
 
     ``runner(inputs)`` flattens the input mapping in ``torch.export`` order (caches included, once
     :func:`hf_exporters.pytree.register_model_pytrees` has registered them), executes the method and
     returns every output tensor in order: the pytree flatten of the eager output.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | bytes, method: str = "forward"):
+    def __init__(self, path: str | os.PathLike[str] | bytes, method: str = "forward", program: Any = None):
         runtime_module = require("executorch.runtime", "Running a .pte program")
         _register_quantized_kernels()
         self.runtime = runtime_module.Runtime.get()
-        data: Any = bytes(path) if isinstance(path, (bytes, bytearray)) else str(path)
-        check_pte_file(path)
-        self.program = self.runtime.load_program(data)
+        self.path = path
+        if program is None:
+            data: Any = bytes(path) if isinstance(path, (bytes, bytearray)) else str(path)
+            check_pte_file(path)
+            program = self.runtime.load_program(data)
+        self.program = program
+        if method not in self.program.method_names:
+            raise ValueError(f"the program has no method {method!r} (it has {sorted(self.program.method_names)})")
         try:
             self.method = self.program.load_method(method)
         except RuntimeError as error:
@@ -194,11 +207,21 @@ class ExecutorchRunner:
         # the exporter records their number in a constant method.
         self._log: Any = None
         self.skip_outputs = 0
-        if INPUT_MUTATIONS_METHOD in self.program.method_names:
-            self.skip_outputs = int(self.program.load_method(INPUT_MUTATIONS_METHOD).execute([])[0])
+        constant = input_mutations_method(method)
+        if constant in self.program.method_names:
+            self.skip_outputs = int(self.program.load_method(constant).execute([])[0])
+
+    def for_method(self, method: str) -> "ExecutorchRunner":
+        """A runner of another method of the same program, sharing the loaded program (its weights are
+        loaded once).
+
+        Raises:
+            ValueError: the program has no such method.
+        """
+        return ExecutorchRunner(self.path, method, program=self.program)
 
     def __call__(self, inputs: dict[str, Any]) -> list[torch.Tensor]:
-        """Run ``forward`` on ``inputs``.
+        """Run the method on ``inputs``.
 
         Raises:
             RuntimeError: the runtime refused the inputs or a kernel failed; the message carries the
