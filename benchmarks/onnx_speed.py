@@ -22,19 +22,27 @@ Variants (``--variants`` picks some by name):
 - ``...-int8-dynamic`` / ``...-int8-static``: that export quantized by onnxruntime's quantizer (its
   accuracy: sentence-embedding cosine and nearest-neighbour agreement against eager, ``accuracy``).
 
-optimum-onnx is not measured here: it does not install beside the project's pins (it needs
-transformers < 4.58, the project pins 5.x); ``benchmarks/onnx_latency.py`` measures it from its own
-environment (``benchmarks/setup_optimum_env.sh``).
+- ``default-23-fp16``: the default export with ``dtype="float16"`` (float16 weights and activations).
+
+Exports made elsewhere, timed in the same rounds (``--external`` picks some; none by default):
+
+- ``optimum-O2``: optimum-onnx's ``main_export(..., optimize="O2")`` (onnxruntime's transformer optimizer
+  at level O2: attention, skip-LayerNorm, bias-GELU fusions), run in its own environment because
+  optimum-onnx needs transformers < 4.58 (``benchmarks/setup_optimum_env.sh``; ``--optimum-python``);
+- ``upstream-ort-cpu``: the exporter inside transformers, ``OnnxExporter`` with
+  ``OnnxConfig(dynamic=True, optimize=True, ort_fusions="cpu")``.
 
 Writes ``benchmarks/results/onnx_speed.json`` and prints Markdown tables.
 
-Usage: ``python benchmarks/onnx_speed.py [--runs 30] [--warmup 3] [--batches 1,8] [--seq 128] [--variants a,b]``
+Usage: ``python benchmarks/onnx_speed.py [--runs 30] [--warmup 3] [--batches 1,8] [--seqs 128,512] [--variants a,b]
+[--external optimum-O2,upstream-ort-cpu]``
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -69,23 +77,81 @@ from hf_exporters.pipeline import build_inputs, default_model_path, export_to_fo
 
 HERE = Path(__file__).resolve().parent
 THREADS = 2
-REFERENCE = "default-25"
+REFERENCE = "default-23"  # what `hf-exporters export --backend onnx` writes by default
 
-#: name -> (opset, optimize level, quantization, workarounds left out)
-VARIANTS: dict[str, tuple[int, str, str | None, tuple[str, ...]]] = {
+#: name -> (opset, optimize level, quantization, workarounds left out[, dtype])
+VARIANTS: dict[str, tuple[Any, ...]] = {
     "default-18-guard": (18, "default", None, ("_fix_ir_dead_softmax_nan_guard",)),
     "default-18": (18, "default", None, ()),
     "default-20": (20, "default", None, ()),
     "default-22": (22, "default", None, ()),
     "default-23": (23, "default", None, ()),
     "default-25": (25, "default", None, ()),
+    "none-23": (23, "none", None, ()),
     "none-25": (25, "none", None, ()),
     "ort-cpu-18": (18, "ort-cpu", None, ()),
     "ort-cpu-22": (22, "ort-cpu", None, ()),
     "default-25-int8-dynamic": (25, "default", "int8-dynamic", ()),
     "ort-cpu-22-int8-dynamic": (22, "ort-cpu", "int8-dynamic", ()),
     "ort-cpu-22-int8-static": (22, "ort-cpu", "int8-static", ()),
+    "default-23-int8-dynamic": (23, "default", "int8-dynamic", ()),
+    "default-23-fp16": (23, "default", None, (), "float16"),
 }
+
+#: exports made by the tools a user would pick instead (see the module docstring)
+EXTERNAL = ("optimum-O2", "upstream-ort-cpu")
+OPTIMUM_PYTHON = HERE / ".venv-optimum" / "bin" / "python"
+
+#: runs in the optimum environment: exports with the O2 optimizer, then prints one JSON line with versions
+OPTIMUM_EXPORT = r"""
+import json, sys, time, warnings
+from importlib import metadata
+warnings.filterwarnings("ignore")
+model_dir, output = sys.argv[1:3]
+from optimum.exporters.onnx import main_export
+start = time.perf_counter()
+main_export(model_dir, output=output, task="feature-extraction", library_name="transformers", device="cpu", optimize="O2")
+seconds = time.perf_counter() - start
+versions = {}
+for name in ("optimum-onnx", "optimum", "torch", "transformers", "onnx", "onnxruntime"):
+    try:
+        versions[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        pass
+print("RESULT " + json.dumps({"export_seconds": round(seconds, 3), "versions": versions}))
+"""
+
+
+def export_optimum(python: Path, model_dir: Path, out: Path) -> tuple[Path, dict[str, Any]]:
+    """optimum-onnx's O2 export of ``model_dir`` into ``out`` in its own environment; the ``.onnx`` it wrote
+    and its facts. Raises RuntimeError with the reason when it fails."""
+    import subprocess
+
+    if not python.exists():
+        raise RuntimeError(f"optimum environment not found ({python}); create it with: bash benchmarks/setup_optimum_env.sh")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([str(python), "-c", OPTIMUM_EXPORT, str(model_dir), str(out)], capture_output=True, text=True, env=env, timeout=1800)
+    results = [line[len("RESULT ") :] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not results:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+        raise RuntimeError(f"optimum main_export failed (exit {proc.returncode}):\n{tail}")
+    onnx_files = sorted(out.glob("*.onnx"))
+    path = next((f for f in onnx_files if "optimized" in f.name), onnx_files[0])
+    return path, json.loads(results[-1])
+
+
+def export_upstream(model: torch.nn.Module, example: dict[str, Any], out: Path) -> tuple[Path, dict[str, Any]]:
+    """transformers' own ``OnnxExporter`` with onnxruntime CPU fusions; the ``.onnx`` and its export seconds."""
+    from transformers import exporters as upstream
+
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    program = upstream.OnnxExporter().export(model, dict(example), upstream.OnnxConfig(dynamic=True, optimize=True, ort_fusions="cpu"))
+    seconds = time.perf_counter() - start
+    program.save_pretrained(out)
+    path = next(iter(sorted(out.glob("*.onnx"))))
+    return path, {"export_seconds": round(seconds, 3), "versions": {"transformers": transformers.__version__}}
 
 #: real sentences of varied length; padded or truncated to ``--seq`` tokens
 SENTENCES = [
@@ -156,8 +222,10 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--seqs", default="128", help="sequence lengths, comma separated (the issue's table: 128,512)")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--external", default="", help=f"comma separated, of {', '.join(EXTERNAL)}")
+    parser.add_argument("--optimum-python", type=Path, default=Path(os.environ.get("OPTIMUM_PYTHON", OPTIMUM_PYTHON)))
     parser.add_argument("--workdir", type=Path, default=None, help="keep the exports here (default: a temp folder, removed)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "onnx_speed.json")
     args = parser.parse_args()
@@ -165,6 +233,9 @@ def main() -> int:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    external = [n for n in args.external.split(",") if n]
+    if [n for n in external if n not in EXTERNAL]:
+        parser.error(f"unknown external exports {external}; known: {', '.join(EXTERNAL)}")
     torch.set_num_threads(THREADS)
     load_before = [round(x, 2) for x in os.getloadavg()]
 
@@ -176,12 +247,13 @@ def main() -> int:
     try:
         example = build_inputs(model, tokenizer)
         for name in names:
-            opset, level, quantize, left_out = VARIANTS[name]
+            opset, level, quantize, left_out = VARIANTS[name][:4]
+            dtype = VARIANTS[name][4] if len(VARIANTS[name]) > 4 else None
             print(f"exporting {name} ...", flush=True)
             with without(left_out):
-                manifest = export_to_folder(
-                    model, example, "onnx", workdir / name, dynamic=True, preprocessor=tokenizer, task="feature-extraction",
-                    overwrite=True, opset=opset, optimize=level, quantize=quantize,
+                manifest = export_to_folder(  # a dtype casts the model in place: a copy then
+                    copy.deepcopy(model) if dtype else model, example, "onnx", workdir / name, dynamic=True, preprocessor=tokenizer, task="feature-extraction",
+                    overwrite=True, opset=opset, optimize=level, quantize=quantize, dtype=dtype,
                 )  # fmt: skip
             path = workdir / name / manifest["artifact"]
             exports[name] = {
@@ -196,11 +268,24 @@ def main() -> int:
                 "fusions": manifest["onnx"]["fusions"],
                 "ops": op_counts(path),
                 "path": path,
+                **({"dtype": dtype} if dtype else {}),
+            }
+        for name in external:
+            print(f"exporting {name} ...", flush=True)
+            if name == "optimum-O2":
+                path, facts = export_optimum(args.optimum_python, default_model_path(), workdir / name)
+            else:
+                path, facts = export_upstream(model, example, workdir / name)
+            exports[name] = {
+                **facts,
+                "bytes": sum(p.stat().st_size for p in path.parent.iterdir() if p.is_file() and p.name.startswith(path.name)),
+                "ops": op_counts(path),
+                "path": path,
             }
         sessions = {name: session(info["path"]) for name, info in exports.items()}
-        for batch in (int(b) for b in args.batches.split(",")):
+        for seq, batch in ((int(q), int(b)) for q in args.seqs.split(",") for b in args.batches.split(",")):
             texts = [SENTENCES[i % len(SENTENCES)] for i in range(batch)]
-            encoded = tokenizer(texts, padding="max_length", truncation=True, max_length=args.seq, return_tensors="np")
+            encoded = tokenizer(texts, padding="max_length", truncation=True, max_length=seq, return_tensors="np")
             feeds = {k: v.astype(np.int64) for k, v in encoded.items()}
             tensors = {k: torch.from_numpy(v) for k, v in feeds.items()}
             with torch.inference_mode():
@@ -210,7 +295,7 @@ def main() -> int:
             for name, sess in sessions.items():
                 mine = {i.name: feeds[i.name] for i in sess.get_inputs()}
                 output = sess.get_outputs()[0].name
-                diffs[name] = float(np.abs(sess.run([output], mine)[0] - reference).max())
+                diffs[name] = float(np.abs(sess.run([output], mine)[0].astype(np.float32) - reference).max())
                 engines[name] = lambda sess=sess, mine=mine, output=output: sess.run([output], mine)
             cpu: dict[str, list[float]] = {name: [] for name in engines}
             samples = interleaved_ms({name: cpu_timed(fn, cpu[name]) for name, fn in engines.items()}, args.runs, args.warmup)
@@ -221,7 +306,7 @@ def main() -> int:
                 cpu_ratios = [v / b for v, b in zip(cpu_ms, cpu[base][args.warmup :])]
                 rows.append({
                     "batch": batch,
-                    "seq": args.seq,
+                    "seq": seq,
                     "engine": name,
                     "median_ms": round(statistics.median(values), 3),
                     "min_ms": round(min(values), 3),
@@ -250,7 +335,7 @@ def main() -> int:
         "settings": {
             "runs": args.runs,
             "warmup": args.warmup,
-            "seq": args.seq,
+            "seqs": args.seqs,
             "batches": args.batches,
             "ort": "CPUExecutionProvider, intra-op 2, inter-op 1, sequential, ORT_ENABLE_ALL, no spinning",
             "torch_threads": THREADS,
@@ -259,7 +344,7 @@ def main() -> int:
             "reference": REFERENCE,
         },
         "versions": library_versions() | {"onnxruntime_session": ort.__version__},
-        "optimum": "not measured: optimum-onnx 0.1.0 requires transformers<4.58 (project: transformers 5.x); see benchmarks/onnx_latency.py",
+        "external": external,
     }
     for info in exports.values():
         info.pop("path")
@@ -269,21 +354,21 @@ def main() -> int:
     ratio_key = next(k for k in rows[0] if k.startswith("ratio_to_"))
     print(f"\nload average before {load_before}, after {meta['load_average_after']}")
     print(
-        f"\n| batch | engine | median ms | {ratio_key} (median of rounds) | p10-p90 | CPU ms | CPU {ratio_key} | max abs diff vs eager |"
-        "\n|---|---|---|---|---|---|---|---|"
+        f"\n| seq | batch | engine | median ms | {ratio_key} (median of rounds) | p10-p90 | CPU ms | CPU {ratio_key} | max abs diff vs eager |"
+        "\n|---|---|---|---|---|---|---|---|---|"
     )
     for r in rows:
         diff = "-" if r["max_abs_diff_vs_eager"] is None else f"{r['max_abs_diff_vs_eager']:.1e}"
         print(
-            f"| {r['batch']} | {r['engine']} | {r['median_ms']:.2f} | {r[ratio_key]:.3f} | {r['ratio_p10_p90'][0]:.2f}-{r['ratio_p10_p90'][1]:.2f} "
+            f"| {r['seq']} | {r['batch']} | {r['engine']} | {r['median_ms']:.2f} | {r[ratio_key]:.3f} | {r['ratio_p10_p90'][0]:.2f}-{r['ratio_p10_p90'][1]:.2f} "
             f"| {r['cpu_median_ms']:.1f} | {r['cpu_' + ratio_key]:.3f} | {diff} |"
         )
     print("\n| export | opset | level | int8 | MB on disk | min / mean cosine, NN agreement | fusions |\n|---|---|---|---|---|---|---|")
     for name, info in exports.items():
-        fusions = ", ".join(f"{k} {v}" for k, v in info["fusions"].items()) or "-"
-        acc = info["accuracy"]
+        fusions = ", ".join(f"{k} {v}" for k, v in info.get("fusions", {}).items()) or "-"
+        acc = info.get("accuracy")
         measured = f"{acc['min_cosine']:.4f} / {acc['mean_cosine']:.4f}, {acc['neighbour_agreement']:.2f}" if acc else "-"
-        print(f"| {name} | {info['opset']} | {info['optimize']} | {info['quantize'] or '-'} | {info['bytes'] / 1e6:.1f} | {measured} | {fusions} |")
+        print(f"| {name} | {info.get('opset', '-')} | {info.get('optimize', '-')} | {info.get('quantize') or '-'} | {info['bytes'] / 1e6:.1f} | {measured} | {fusions} |")
     return 0
 
 
