@@ -14,6 +14,11 @@ Every engine runs on all cores (eager PyTorch with ``torch.set_num_threads(os.cp
 CPU provider and ExecuTorch's XNNPACK thread pool use one thread per core by default). ``--rounds``
 interleaved rounds run every engine once each, in a fresh process.
 
+``--backends`` may also name ``optimum``: optimum-onnx's export of the same weights
+(``main_export(task="text-generation-with-past")`` of the checkpoint written with ``save_pretrained``) run by
+its ``ORTModelForCausalLM.generate``, both in ``benchmarks/.venv-optimum`` (``setup_optimum_env.sh``; optimum-onnx
+needs transformers < 4.58), on all cores as onnxruntime's default.
+
 Output: one row per (model, backend): median tokens/s with its spread over the rounds, ratio to eager
 tokens/s, peak RSS (MiB) and ratio to eager's peak RSS, and whether the ids equal eager's; the results
 file holds the exact command, the parameter counts and the load average.
@@ -30,6 +35,8 @@ import tempfile
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+OPTIMUM_PYTHON = os.environ.get("OPTIMUM_PYTHON", os.path.join(os.path.dirname(os.path.abspath(__file__)), ".venv-optimum", "bin", "python"))
 
 CONFIGS = {
     "tiny": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
@@ -73,6 +80,11 @@ def worker(model_name: str, backend: str, folder: str, new_tokens: int, prompt_l
     if backend == "eager":
         model = _model(model_name)
         run = lambda: model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)  # noqa: E731
+    elif backend == "optimum":  # in the optimum environment
+        from optimum.onnxruntime import ORTModelForCausalLM
+
+        model = ORTModelForCausalLM.from_pretrained(folder)
+        run = lambda: model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)  # noqa: E731
     else:
         from hf_exporters.generation import ExportedGenerator
 
@@ -97,6 +109,15 @@ def export(model_name: str, backend: str, folder: str, prompt_len: int) -> float
     from hf_exporters.pipeline import make_config, make_exporter
 
     model = _model(model_name)
+    if backend == "optimum":
+        checkpoint = os.path.join(folder, "checkpoint")
+        model.save_pretrained(checkpoint)
+        started = time.perf_counter()
+        code = "import sys; from optimum.exporters.onnx import main_export; main_export(sys.argv[1], output=sys.argv[2], task='text-generation-with-past', device='cpu')"
+        done = subprocess.run([OPTIMUM_PYTHON, "-c", code, checkpoint, folder], capture_output=True, text=True, check=False, env=_optimum_env())
+        if done.returncode != 0:
+            raise RuntimeError("optimum main_export failed: " + (done.stderr.strip().splitlines() or ["?"])[-1])
+        return time.perf_counter() - started
     exporter = make_exporter(backend)
     started = time.perf_counter()
     artifacts = export_for_generation(exporter, model, _inputs(model_name, prompt_len), make_config(exporter, True, None))
@@ -104,8 +125,19 @@ def export(model_name: str, backend: str, folder: str, prompt_len: int) -> float
     return time.perf_counter() - started
 
 
+def _optimum_env() -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("PYTHONPATH", None)
+    return env
+
+
 def _subprocess(*args: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True, check=False)
+    if args[0] == "run" and args[2] == "optimum":
+        if not os.path.exists(OPTIMUM_PYTHON):
+            return {"error": f"optimum environment not found ({OPTIMUM_PYTHON}); create it with: bash benchmarks/setup_optimum_env.sh"}
+        out = subprocess.run([OPTIMUM_PYTHON, __file__, "--worker", *args], capture_output=True, text=True, check=False, env=_optimum_env())
+    else:
+        out = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True, check=False)
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(out.stdout.strip().splitlines()[-1])
