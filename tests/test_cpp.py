@@ -204,6 +204,12 @@ def test_the_parts_are_the_methods_of_one_program(llama_generation):
         "decode": ("model.pte", "decode", ["model.pte"]),
     }
     assert sorted(p.name for p in folder.rglob("*.pte")) == ["model.pte"]
+    # each part reports its own method's partitions; the shared lowering is the program's, recorded once
+    assert {name: list(part["partitions"]) for name, part in manifest["parts"].items()} == {"prefill": ["prefill"], "decode": ["decode"]}
+    program = manifest["program"]
+    assert (program["file"], program["methods"], sorted(program["stage_seconds"])) == (
+        "model.pte", ["prefill", "decode"], ["lowering (to_edge_transform_and_lower)", "serialisation (to_executorch)"])
+    assert all(part["export_seconds"] < sum(program["stage_seconds"].values()) + part["stage_seconds"]["trace (torch.export.export)"] for part in manifest["parts"].values())
     plans = sorted(plan.name for plan in deserialize_pte_binary((folder / "model.pte").read_bytes()).program.execution_plan)
     assert plans == ["decode", "hf_exporters_input_mutation_outputs.decode", "hf_exporters_input_mutation_outputs.prefill", "prefill"]
 
@@ -311,6 +317,8 @@ MALFORMED = [
     ("missing", "is missing"),
     ("garbage_json", "not valid JSON"),
     ("method", "model.pte: the program has no method 'nope'"),
+    ("same_method", "part 'prefill': shares model.pte and method 'prefill' with part 'decode'"),
+    ("no_method", "part 'prefill': shares model.pte with part 'decode', and not both name a 'method' of it"),
 ]
 
 
@@ -348,7 +356,11 @@ def _broken_copy(folder, tmp_path, edit):
         decode.unlink()
     elif edit == "method":
         manifest["parts"]["decode"]["method"] = "nope"
-    if edit in ("schema", "escape", "method"):
+    elif edit == "same_method":
+        manifest["parts"]["decode"]["method"] = "prefill"
+    elif edit == "no_method":
+        del manifest["parts"]["decode"]["method"]
+    if edit in ("schema", "escape", "method", "same_method", "no_method"):
         (broken / "export.json").write_text(json.dumps(manifest))
     if edit == "garbage_json":
         (broken / "export.json").write_text("{ not json")
@@ -361,6 +373,22 @@ def test_malformed_folders_are_errors_not_crashes(llama_generation, tmp_path, ed
     result = _hfx_run(broken, "--generate", "--input-ids", "1,2,3", "--max-new-tokens", 2)
     assert result.returncode == 1, (result.returncode, result.stderr)
     assert result.stderr.startswith("error: ") and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ("same_method", r"export\.json: parts 'prefill', 'decode' share 'model\.pte' and a method \(prefill\)$"),
+        ("no_method", r"export\.json: parts 'prefill', 'decode' share 'model\.pte', and part 'decode' names no 'method' of it$"),
+        ("method", r"model\.pte: part 'decode': the program has no method 'nope' \(it has \["),
+    ],
+)
+def test_the_python_generator_refuses_a_part_without_its_own_method(llama_generation, tmp_path, edit, message):
+    from hf_exporters.errors import ManifestError
+
+    broken = _broken_copy(llama_generation[1], tmp_path, edit)
+    with pytest.raises(ManifestError, match=message):
+        ExportedGenerator.from_pretrained(broken)
 
 
 def test_malformed_folders_under_address_and_undefined_behaviour_sanitizers(llama_generation, tmp_path):

@@ -348,7 +348,7 @@ def test_run_methods_lowers_one_program_with_a_method_per_module():
     assert list(results) == ["prefill", "decode"]
     manager = results["prefill"].program
     assert results["decode"].program is manager
-    assert results["prefill"].partitions == results["decode"].partitions == {"decode": 1, "prefill": 1}
+    assert (results["prefill"].partitions, results["decode"].partitions) == ({"prefill": 1}, {"decode": 1})
     assert sorted(manager.methods) == ["decode", "prefill"]
     assert "lowering (to_edge_transform_and_lower)" in results["decode"].stage_seconds
     separate = [len(exporter.export(module, dict(inputs)).buffer) for module in modules.values()]
@@ -366,6 +366,19 @@ def test_run_methods_lowers_one_program_with_a_method_per_module():
     prefill = ExecutorchRunner(manager.buffer, "prefill")
     decode = prefill.for_method("decode")
     assert decode.program is prefill.program and decode.skip_outputs == 1
+
+
+def test_run_methods_refuses_configs_one_program_cannot_take():
+    """One lowering takes one backend and one quantization, and needs a config for every method."""
+    from hf_exporters.errors import InputError
+
+    linear = torch.nn.Linear(4, 4)
+    methods = {"a": (SharedLinear(linear, step=False), {"x": _x(2, 4), "state": torch.zeros(2, 4)}),
+               "b": (SharedLinear(linear, step=False), {"x": _x(2, 4), "state": torch.zeros(2, 4)})}
+    with pytest.raises(InputError, match=r"^one config per method: configs for \['a'\], methods \['a', 'b'\]$"):
+        ExecutorchExporter().run_methods(methods, {"a": ExecutorchConfig()})
+    with pytest.raises(InputError, match=r"^the methods of one program share quantize: None for 'a', '8da8w' for 'b'$"):
+        ExecutorchExporter().run_methods(methods, {"a": ExecutorchConfig(), "b": ExecutorchConfig(quantize="8da8w")})
 
 
 def test_runner_loads_bytes():

@@ -96,8 +96,19 @@ Manifest read_manifest(const fs::path& directory) {
         p.name = name;
         p.role = entry.at("role").get<std::string>();
         std::tie(p.file, p.format) = runnable_file(directory, m.backend, entry, "file", part_where);
+        const bool named_method = entry.contains("method");
         p.method = entry.value("method", std::string("forward"));
-        if (p.method.empty()) throw Error(part_where + ": 'method' is empty");
+        if (p.method.empty() || p.method.rfind("hf_exporters_input_mutation_outputs", 0) == 0)
+          throw Error(part_where + ": 'method' is not a method name: '" + p.method + "'");
+        // parts sharing a file (one multi-method program) must each name a different method of it
+        for (const auto& [other_name, other] : m.parts) {
+          if (other.file != p.file) continue;
+          if (!named_method || !other.named_method)
+            throw Error(part_where + ": shares " + p.file.filename().string() + " with part '" + other_name + "', and not both name a 'method' of it");
+          if (other.method == p.method)
+            throw Error(part_where + ": shares " + p.file.filename().string() + " and method '" + p.method + "' with part '" + other_name + "'");
+        }
+        p.named_method = named_method;
         p.inputs = tensor_specs(entry.at("inputs"), part_where);
         p.outputs = output_names(entry.at("outputs"), part_where);
         if (entry.contains("cache") && entry["cache"].is_object()) {

@@ -25,6 +25,7 @@ struct Part {
   std::filesystem::path file;  // absolute path, inside the folder (for dynamo: the AOTInductor package when there is one)
   std::string format;          // "executorch" (.pte), "aoti" (AOTInductor package), "exported_program" or "onnx"
   std::string method = "forward";  // ExecuTorch: the program's method (the parts of a multi-method .pte share its file)
+  bool named_method = false;        // whether the manifest names the method (parts sharing a file must)
   std::vector<TensorSpec> inputs;
   std::vector<std::string> outputs;
   std::string cache_kind;  // "dynamic", "static", "encoder_decoder" or "" (no cache)

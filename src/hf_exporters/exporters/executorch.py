@@ -58,6 +58,8 @@ class ExecutorchExporter(DynamoExporter):
     config_class = ExecutorchConfig
     artifact_name = "model.pte"
     default_atol = 1e-3
+    #: the stages of ``stage_seconds`` done once for every method of a program (:meth:`run_methods`)
+    PROGRAM_STAGES = ("lowering (to_edge_transform_and_lower)", "serialisation (to_executorch)")
 
     def save(self, program: Any, directory: str | os.PathLike[str]) -> Path:
         """Write ``program.buffer`` as ``directory/model.pte`` and return the path."""
@@ -120,8 +122,8 @@ class ExecutorchExporter(DynamoExporter):
         all in one ``to_edge_transform_and_lower`` call: one multi-method program whose methods share the
         weights they have in common (stored once in the ``.pte``).
 
-        ``config``: one config for every method, or method name -> config (``dynamic_shapes`` differ by
-        method; ``backend``, the quantization fields and ``max_seq_len`` are read from the first).
+        ``config``: one config for every method, or method name -> config for each (``dynamic_shapes`` and
+        ``max_seq_len`` may differ by method; the fields of :data:`SHARED_CONFIG_FIELDS` must be equal).
 
         Stages 1, 2, 4 and 5 run per method, Stage 3 and the lowering once for all. Each method ``m``
         other than ``forward`` records its number of mutated-input outputs in the constant method
@@ -129,53 +131,70 @@ class ExecutorchExporter(DynamoExporter):
 
         Returns:
             method name -> :class:`~hf_exporters.ExportResult`, in the order of ``methods``; every result
-            holds the same ``program`` (the ``ExecutorchProgramManager``) and ``partitions`` (per method);
-            ``stage_seconds`` holds the method's own stages and the shared lowering and serialisation.
+            holds the same ``program`` (the ``ExecutorchProgramManager``), its own method's ``partitions``
+            and ``workarounds_fired`` (its stages' and the shared lowering's); ``stage_seconds`` holds the
+            method's own stages and the shared Stage 3, lowering and serialisation (the program's, not the
+            method's alone).
 
         Raises:
-            as :meth:`run`.
+            InputError: as :meth:`run`; a config dict without exactly one entry per method; configs that
+                differ in a shared field; methods traced under different shape reasoning (size-oblivious and
+                plain: one lowering cannot do both; the error has ``mixed_reasoning = True``).
+            MissingDependencyError, ExportStageError: as :meth:`run`.
         """
         if not methods:
             raise InputError("no method to export")
-        configs = {name: (config.get(name) if isinstance(config, dict) else config) or ExecutorchConfig() for name in methods}
+        if isinstance(config, dict) and set(config) != set(methods):
+            raise InputError(f"one config per method: configs for {sorted(config)}, methods {sorted(methods)}")
+        configs = {name: (config[name] if isinstance(config, dict) else config) or ExecutorchConfig() for name in methods}
         first = next(iter(configs.values()))
+        for name, method_config in configs.items():
+            for field in SHARED_CONFIG_FIELDS:
+                if getattr(method_config, field) != getattr(first, field):
+                    raise InputError(
+                        f"the methods of one program share {field}: {getattr(first, field)!r} for {next(iter(configs))!r}, "
+                        f"{getattr(method_config, field)!r} for {name!r}"
+                    )
         self.quantization = None
         exir = require("executorch.exir", "The ExecuTorch exporter")
         scope = f"executorch.{first.backend}"
         seconds: dict[str, dict[str, float]] = {name: {} for name in methods}  # Stages 1-2 and the trace
         fixes: dict[str, dict[str, float]] = {name: {} for name in methods}  # Stages 4-5
         traced: dict[str, ExportResult] = {}
+        own: dict[str, list[Any]] = {name: [] for name in methods}  # the workarounds each method's stages fired
         embeddings = None
         with registry.export_lock(), registry.recording_fired() as fired, contextlib.ExitStack() as stack:
             for name, (model, inputs) in methods.items():
-                method_config = configs[name]
-                inputs = normalize_inputs(inputs)
-                # ── Stage 1: Backend preparation ──
-                with stage(self.name, "Stage 1: Backend preparation", seconds[name]):
-                    backends = registry.executorch_backends()
-                    if method_config.backend not in backends:
-                        raise InputError(
-                            f"unknown ExecuTorch backend {method_config.backend!r}; known backends: {', '.join(sorted(backends))}"
-                        )
-                    model, inputs, partitioners = backends[method_config.backend](model, inputs)
-                    embeddings = check_embedding_quantize(method_config.quantize_embeddings)
-                    if method_config.quantize is not None or embeddings is not None:
-                        mode, group_size = check_quantize(method_config.quantize, method_config.group_size)
-                        model = copy.deepcopy(model)  # the caller's model stays the float reference
-                        quantization: dict[str, Any] = {}
-                        if mode is not None:
-                            model, count, left_float = quantize_linears(model, mode, group_size, in_place=True)
-                            quantization.update(quantize=mode, group_size=group_size, quantized_linears=count, float_linears=left_float)
-                        if embeddings is not None:
-                            quantization.update(quantize_embeddings=embeddings, quantized_embeddings=quantize_embeddings(model, embeddings))
-                        self.quantization = quantization
+                with registry.recording_fired() as method_fired:
+                    method_config = configs[name]
+                    inputs = normalize_inputs(inputs)
+                    # ── Stage 1: Backend preparation ──
+                    with stage(self.name, "Stage 1: Backend preparation", seconds[name]):
+                        backends = registry.executorch_backends()
+                        if method_config.backend not in backends:
+                            raise InputError(
+                                f"unknown ExecuTorch backend {method_config.backend!r}; known backends: {', '.join(sorted(backends))}"
+                            )
+                        model, inputs, partitioners = backends[method_config.backend](model, inputs)
+                        embeddings = check_embedding_quantize(method_config.quantize_embeddings)
+                        if method_config.quantize is not None or embeddings is not None:
+                            mode, group_size = check_quantize(method_config.quantize, method_config.group_size)
+                            model = copy.deepcopy(model)  # the caller's model stays the float reference
+                            quantization: dict[str, Any] = {}
+                            if mode is not None:
+                                model, count, left_float = quantize_linears(model, mode, group_size, in_place=True)
+                                quantization.update(quantize=mode, group_size=group_size, quantized_linears=count, float_linears=left_float)
+                            if embeddings is not None:
+                                quantization.update(quantize_embeddings=embeddings, quantized_embeddings=quantize_embeddings(model, embeddings))
+                            self.quantization = quantization
 
-                with contextlib.ExitStack() as trace_patches:  # the Stage 2 patches: for the trace only
-                    # ── Stage 2: Torch patches ──
-                    with stage(self.name, "Stage 2: Torch patches", seconds[name]):
-                        trace_patches.enter_context(registry.apply_patches(scope, stage="Stage 2: Torch patches"))
-                    traced[name] = super().run(model, inputs, method_config)
-                seconds[name].update(trace_stage_seconds(traced[name]))
+                    with contextlib.ExitStack() as trace_patches:  # the Stage 2 patches: for the trace only
+                        # ── Stage 2: Torch patches ──
+                        with stage(self.name, "Stage 2: Torch patches", seconds[name]):
+                            trace_patches.enter_context(registry.apply_patches(scope, stage="Stage 2: Torch patches"))
+                        traced[name] = super().run(model, inputs, method_config)
+                    seconds[name].update(trace_stage_seconds(traced[name]))
+                own[name].extend(method_fired)
 
             # ── Stage 3: ExecuTorch patches ──
             patching: dict[str, float] = {}
@@ -185,21 +204,34 @@ class ExecutorchExporter(DynamoExporter):
 
             for name, result in traced.items():
                 exported = result.exported_program
-                # ── Stage 4: FX program fixes ──
-                with stage(self.name, "Stage 4: FX program fixes", fixes[name]), dynamic_dim_max(configs[name].max_seq_len):
-                    registry.apply_fx_program_fixes(scope, exported, stage="Stage 4: FX program fixes")
+                with registry.recording_fired() as method_fired:
+                    # ── Stage 4: FX program fixes ──
+                    with stage(self.name, "Stage 4: FX program fixes", fixes[name]), dynamic_dim_max(configs[name].max_seq_len):
+                        registry.apply_fx_program_fixes(scope, exported, stage="Stage 4: FX program fixes")
 
-                # ── Stage 5: FX node fixes ──
-                with stage(self.name, "Stage 5: FX node fixes", fixes[name]):
-                    registry.apply_fx_node_fixes(scope, exported.graph_module, stage="Stage 5: FX node fixes")
+                    # ── Stage 5: FX node fixes ──
+                    with stage(self.name, "Stage 5: FX node fixes", fixes[name]):
+                        registry.apply_fx_node_fixes(scope, exported.graph_module, stage="Stage 5: FX node fixes")
+                own[name].extend(w for w in method_fired if not any(w is v for v in own[name]))
 
-            if any(result.dynamic_shapes is not None and result.size_oblivious for result in traced.values()):
-                # The lowering re-traces the program (run_decompositions); sizes traced from an
-                # example of 0 or 1 must stay symbolic there too, as in the trace (and plain when
-                # the trace fell back to plain reasoning).
+            # The lowering re-traces the programs (run_decompositions); sizes traced from an example of 0
+            # or 1 must stay symbolic there too, as in the trace (and plain when the trace fell back to
+            # plain reasoning). One lowering has one way of reasoning: methods traced differently cannot
+            # share it.
+            reasoning = {name: result.size_oblivious for name, result in traced.items() if result.dynamic_shapes is not None}
+            if len(set(reasoning.values())) > 1:
+                error = InputError(
+                    "the methods were traced under different shape reasoning (size-oblivious: "
+                    f"{sorted(n for n, v in reasoning.items() if v)}; plain: {sorted(n for n, v in reasoning.items() if not v)}), "
+                    "and one lowering reasons one way: export them as separate programs"
+                )
+                error.mixed_reasoning = True  # type: ignore[attr-defined]
+                raise error
+            if any(reasoning.values()):
                 stack.enter_context(size_oblivious_sizes())
             programs = {name: result.exported_program for name, result in traced.items()}
             shared: dict[str, float] = {}  # the lowering and serialisation of every method
+            lowering_fired = stack.enter_context(registry.recording_fired())
             with stage(self.name, LOWERING, shared):
                 edge = exir.to_edge_transform_and_lower(
                     programs["forward"] if list(programs) == ["forward"] else programs,
@@ -219,13 +251,18 @@ class ExecutorchExporter(DynamoExporter):
             name: dataclasses.replace(
                 result,
                 program=manager,
-                workarounds_fired=list(fired),
+                # one method: every workaround in the order it first acted; several: the method's own stages', then
+                # the shared lowering's
+                workarounds_fired=list(fired) if len(traced) == 1 else own[name] + [w for w in lowering_fired if not any(w is v for v in own[name])],
                 stage_seconds={**seconds[name], **patching, **fixes[name], **shared},
-                partitions=partitions,
+                partitions=partitions if len(traced) == 1 else {name: partitions[name]},
             )
             for name, result in traced.items()
         }
 
+
+#: ExecutorchConfig fields every method of one program must share (one lowering, one partitioner, one quantization)
+SHARED_CONFIG_FIELDS = ("backend", "quantize", "group_size", "quantize_embeddings")
 
 #: stage titles of the lowering and the serialisation, in errors and ``stage_seconds``
 LOWERING = "lowering (to_edge_transform_and_lower)"

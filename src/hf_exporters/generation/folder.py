@@ -29,6 +29,7 @@ from ..exporters.result import ExportResult
 from ..folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder
 from ..pipeline import describe_tensors, dynamic_axes, library_versions, make_config, make_exporter
 from ..runtime.compare import compare_leaves, raise_if_eager_nonfinite
+from ..runtime.et_runner import INPUT_MUTATIONS_METHOD
 from ..shapes import tensor_leaves
 from .parts import GenerationPart, build_parts, relaxed_shapes
 
@@ -51,6 +52,8 @@ class GenerationArtifacts(dict):
         dynamic_axes: ``{part name: {input name: [axes]}}`` symbolic in each exported program.
         methods: ``{part name: method name}`` when the parts are the methods of one program (ExecuTorch
             ``one_program``: one ``model.pte`` at the folder's root); empty when each part is its own file.
+        program_seconds: the shared lowering and serialisation seconds of that one program (the manifest's
+            ``program``; each part's ``export_seconds`` then counts its own stages only).
         results: ``{part name: ExportResult}`` of each part's export (empty when not exported here);
             the manifest's part entries take ``stage_seconds``, ``capture_strategy``,
             ``workarounds_fired`` and (ExecuTorch) ``partitions`` from them.
@@ -65,6 +68,7 @@ class GenerationArtifacts(dict):
         self.export_seconds: dict[str, float] = {}
         self.results: dict[str, ExportResult] = {}
         self.methods: dict[str, str] = {}
+        self.program_seconds: dict[str, float] = {}
 
     def save_pretrained(
         self,
@@ -175,6 +179,11 @@ class GenerationArtifacts(dict):
                     "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "versions": library_versions(),
                     "parts": parts_manifest,
+                    **(
+                        {"program": {"file": str(shared.relative_to(staging)), "methods": list(self.methods.values()),
+                                     "stage_seconds": {k: round(v, 3) for k, v in self.program_seconds.items()}}}
+                        if shared is not None else {}
+                    ),
                     "onnxruntime_genai": genai,
                 }
             )
@@ -308,14 +317,23 @@ def export_for_generation(exporter: Any, model: torch.nn.Module, inputs: Mapping
         if hasattr(configs[name], "output_path"):
             configs[name].output_path = None
     methods: dict[str, str] = {}
+    program_seconds: dict[str, float] = {}
     if getattr(base, "one_program", False) and hasattr(exporter, "run_methods"):
         # ExecuTorch: every part a method of one program, lowered in one call (the weights stored once)
-        started = time.perf_counter()
-        results = exporter.run_methods({name: (part.module, _copy_inputs(part.inputs)) for name, part in parts.items()}, configs)
-        elapsed = time.perf_counter() - started
-        methods = {name: name for name in parts}
-        seconds = {name: elapsed for name in parts}
-    else:
+        try:
+            results = exporter.run_methods({name: (part.module, _copy_inputs(part.inputs)) for name, part in parts.items()}, configs)
+        except InputError as error:
+            if not getattr(error, "mixed_reasoning", False):
+                raise
+            results = {}  # parts traced under different shape reasoning: one program each, below
+        if results:
+            methods = {name: name for name in parts}
+            shared = set(getattr(exporter, "PROGRAM_STAGES", ()))
+            first = next(iter(results.values()))
+            program_seconds = {title: value for title, value in first.stage_seconds.items() if title in shared}
+            # a part's own stages; the program's lowering and serialisation are recorded once, for the program
+            seconds = {name: sum(v for k, v in result.stage_seconds.items() if k not in shared) for name, result in results.items()}
+    if not results:
         for name, part in parts.items():
             started = time.perf_counter()
             results[name] = exporter.run(part.module, _copy_inputs(part.inputs), configs[name])
@@ -325,6 +343,7 @@ def export_for_generation(exporter: Any, model: torch.nn.Module, inputs: Mapping
         axes[name] = dynamic_axes(results[name].exported_program, part.inputs)
     generated = GenerationArtifacts(exporter, model, parts, artifacts, axes)
     generated.methods = methods
+    generated.program_seconds = program_seconds
     generated.export_seconds = seconds
     generated.results = results
     return generated
@@ -421,9 +440,21 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     for role in ("prefill", "decode"):
         if role not in roles:
             raise ManifestError(f"{path}: no part has the role {role!r}; a generation folder needs a prefill and a decode part")
+    methods_by_file: dict[str, list[tuple[str, Any]]] = {}
     for name, part in parts.items():
-        if "method" in part and (not isinstance(part["method"], str) or not part["method"]):
+        if "method" in part and (not isinstance(part["method"], str) or not part["method"] or part["method"].startswith(INPUT_MUTATIONS_METHOD)):
             raise ManifestError(f"{path}: part {name!r} has a 'method' that is not a method name: {part['method']!r}")
+        methods_by_file.setdefault(str(part.get("file")), []).append((name, part.get("method")))
+    for file, named in methods_by_file.items():
+        if len(named) < 2:
+            continue
+        if any(method is None for _, method in named):
+            raise ManifestError(f"{path}: parts {', '.join(repr(n) for n, _ in named)} share {file!r}, and part "
+                                f"{next(n for n, m in named if m is None)!r} names no 'method' of it")
+        methods = [method for _, method in named]
+        if len(set(methods)) != len(methods):
+            raise ManifestError(f"{path}: parts {', '.join(repr(n) for n, _ in named)} share {file!r} and a method "
+                                f"({', '.join(sorted({m for m in methods if methods.count(m) > 1}))})")
         for rel in [part.get("file"), *part.get("files", [])]:
             if not isinstance(rel, str) or not rel:
                 raise ManifestError(f"{path}: part {name!r} has no file")

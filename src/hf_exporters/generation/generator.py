@@ -127,6 +127,13 @@ class ExportedGenerator:
                     runners[name] = CppExecutorchRunner(root / part["file"], method or "forward")
             except HfExportersError:
                 raise
+            except ValueError as error:
+                if "has no method" not in str(error):
+                    raise ManifestError(
+                        f"{root / part['file']}: part {name!r} cannot be loaded by the {manifest.get('backend')} runtime "
+                        f"(corrupt or truncated file?): {first_line(error)}"
+                    ) from error
+                raise ManifestError(f"{root / part['file']}: part {name!r}: {str(error).splitlines()[0]}") from error
             except Exception as error:  # noqa: BLE001 - the runtime refused the file
                 raise ManifestError(
                     f"{root / part['file']}: part {name!r} cannot be loaded by the {manifest.get('backend')} runtime "
