@@ -455,6 +455,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         if len(set(methods)) != len(methods):
             raise ManifestError(f"{path}: parts {', '.join(repr(n) for n, _ in named)} share {file!r} and a method "
                                 f"({', '.join(sorted({m for m in methods if methods.count(m) > 1}))})")
+    for name, part in parts.items():
         for rel in [part.get("file"), *part.get("files", [])]:
             if not isinstance(rel, str) or not rel:
                 raise ManifestError(f"{path}: part {name!r} has no file")
