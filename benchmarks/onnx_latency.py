@@ -79,9 +79,10 @@ import json, sys, time, warnings
 from importlib import metadata
 warnings.filterwarnings("ignore")
 model_dir, output, library = sys.argv[1:4]
+optimize = sys.argv[4] if len(sys.argv) > 4 else None
 from optimum.exporters.onnx import main_export
 start = time.perf_counter()
-main_export(model_dir, output=output, task="feature-extraction", library_name=library, device="cpu")
+main_export(model_dir, output=output, task="feature-extraction", library_name=library, device="cpu", optimize=optimize)
 seconds = time.perf_counter() - start
 versions = {}
 for name in ("optimum-onnx", "optimum", "torch", "transformers", "onnx", "onnxruntime", "accelerate"):
@@ -101,14 +102,15 @@ def export_ours(model: torch.nn.Module, tokenizer: Any, out: Path) -> dict[str, 
     return {"path": str(out / manifest["artifact"]), "export_seconds": manifest["export_seconds"], "versions": manifest["versions"]}
 
 
-def export_optimum(python: Path, model_dir: Path, out: Path, library: str) -> dict[str, Any]:
-    """Run ``main_export`` in the optimum environment; raise RuntimeError with the reason on failure."""
+def export_optimum(python: Path, model_dir: Path, out: Path, library: str, optimize: str | None = None) -> dict[str, Any]:
+    """Run ``main_export`` in the optimum environment (with ``optimize``, e.g. ``"O2"``, its onnxruntime
+    optimizer level); raise RuntimeError with the reason on failure."""
     if not python.exists():
         raise RuntimeError(f"optimum environment not found ({python}); create it with: bash benchmarks/setup_optimum_env.sh")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(
-        [str(python), "-c", OPTIMUM_EXPORT, str(model_dir), str(out), library],
+        [str(python), "-c", OPTIMUM_EXPORT, str(model_dir), str(out), library, *([optimize] if optimize else [])],
         capture_output=True, text=True, env=env, timeout=900,
     )  # fmt: skip
     results = [line[len("RESULT ") :] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]

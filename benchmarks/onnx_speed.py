@@ -102,43 +102,16 @@ VARIANTS: dict[str, tuple[Any, ...]] = {
 EXTERNAL = ("optimum-O2", "upstream-ort-cpu")
 OPTIMUM_PYTHON = HERE / ".venv-optimum" / "bin" / "python"
 
-#: runs in the optimum environment: exports with the O2 optimizer, then prints one JSON line with versions
-OPTIMUM_EXPORT = r"""
-import json, sys, time, warnings
-from importlib import metadata
-warnings.filterwarnings("ignore")
-model_dir, output = sys.argv[1:3]
-from optimum.exporters.onnx import main_export
-start = time.perf_counter()
-main_export(model_dir, output=output, task="feature-extraction", library_name="transformers", device="cpu", optimize="O2")
-seconds = time.perf_counter() - start
-versions = {}
-for name in ("optimum-onnx", "optimum", "torch", "transformers", "onnx", "onnxruntime"):
-    try:
-        versions[name] = metadata.version(name)
-    except metadata.PackageNotFoundError:
-        pass
-print("RESULT " + json.dumps({"export_seconds": round(seconds, 3), "versions": versions}))
-"""
 
+def export_optimum_o2(python: Path, model_dir: Path, out: Path) -> tuple[Path, dict[str, Any]]:
+    """optimum-onnx's O2 export of ``model_dir`` into ``out`` in its own environment (``onnx_latency.export_optimum``);
+    the ``.onnx`` it wrote and its facts. Raises RuntimeError with the reason when it fails."""
+    from onnx_latency import export_optimum
 
-def export_optimum(python: Path, model_dir: Path, out: Path) -> tuple[Path, dict[str, Any]]:
-    """optimum-onnx's O2 export of ``model_dir`` into ``out`` in its own environment; the ``.onnx`` it wrote
-    and its facts. Raises RuntimeError with the reason when it fails."""
-    import subprocess
-
-    if not python.exists():
-        raise RuntimeError(f"optimum environment not found ({python}); create it with: bash benchmarks/setup_optimum_env.sh")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(python), "-c", OPTIMUM_EXPORT, str(model_dir), str(out)], capture_output=True, text=True, env=env, timeout=1800)
-    results = [line[len("RESULT ") :] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not results:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise RuntimeError(f"optimum main_export failed (exit {proc.returncode}):\n{tail}")
+    info = export_optimum(python, model_dir, out, "transformers", optimize="O2")
     onnx_files = sorted(out.glob("*.onnx"))
     path = next((f for f in onnx_files if "optimized" in f.name), onnx_files[0])
-    return path, json.loads(results[-1])
+    return path, {k: v for k, v in info.items() if k != "path"}
 
 
 def export_upstream(model: torch.nn.Module, example: dict[str, Any], out: Path) -> tuple[Path, dict[str, Any]]:
@@ -273,7 +246,7 @@ def main() -> int:
         for name in external:
             print(f"exporting {name} ...", flush=True)
             if name == "optimum-O2":
-                path, facts = export_optimum(args.optimum_python, default_model_path(), workdir / name)
+                path, facts = export_optimum_o2(args.optimum_python, default_model_path(), workdir / name)
             else:
                 path, facts = export_upstream(model, example, workdir / name)
             exports[name] = {
