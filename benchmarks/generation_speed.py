@@ -14,14 +14,20 @@ Every engine runs on all cores (eager PyTorch with ``torch.set_num_threads(os.cp
 CPU provider and ExecuTorch's XNNPACK thread pool use one thread per core by default). ``--rounds``
 interleaved rounds run every engine once each, in a fresh process.
 
+``--backends`` may also name quantized variants: ``executorch-8da4w`` / ``executorch-8da8w`` (torchao linears,
+``--qembedding 8w`` embeddings, XNNPACK kernels) and ``onnx-int8`` (onnxruntime's dynamic int8). Their folders
+are written without the next-token accuracy check: the weights are random, so the check measures
+nothing a real checkpoint would show (``8da4w`` of a random model is refused by it).
+
 ``--backends`` may also name ``optimum``: optimum-onnx's export of the same weights
 (``main_export(task="text-generation-with-past")`` of the checkpoint written with ``save_pretrained``) run by
 its ``ORTModelForCausalLM.generate``, both in ``benchmarks/.venv-optimum`` (``setup_optimum_env.sh``; optimum-onnx
 needs transformers < 4.58), on all cores as onnxruntime's default.
 
 Output: one row per (model, backend): median tokens/s with its spread over the rounds, ratio to eager
-tokens/s, peak RSS (MiB) and ratio to eager's peak RSS, and whether the ids equal eager's; the results
-file holds the exact command, the parameter counts and the load average.
+tokens/s, peak RSS (MiB) and ratio to eager's peak RSS, the folder's size on disk (MiB) and whether the
+ids equal eager's (a quantized folder's need not); the results file holds the exact command, the
+parameter counts and the load average.
 """
 
 from __future__ import annotations
@@ -118,11 +124,25 @@ def export(model_name: str, backend: str, folder: str, prompt_len: int) -> float
         if done.returncode != 0:
             raise RuntimeError("optimum main_export failed: " + (done.stderr.strip().splitlines() or ["?"])[-1])
         return time.perf_counter() - started
-    exporter = make_exporter(backend)
+    base, quantize, embeddings = VARIANTS.get(backend, (backend, None, None))
+    exporter = make_exporter(base)
     started = time.perf_counter()
-    artifacts = export_for_generation(exporter, model, _inputs(model_name, prompt_len), make_config(exporter, True, None))
+    config = make_config(exporter, True, None, quantize=quantize, quantize_embeddings=embeddings)
+    artifacts = export_for_generation(exporter, model, _inputs(model_name, prompt_len), config)
     artifacts.save_pretrained(folder, validate=False)
     return time.perf_counter() - started
+
+
+#: quantized variants ``--backends`` may name: (backend, --quantize, --qembedding)
+VARIANTS = {
+    "executorch-8da4w": ("executorch", "8da4w", "8w"),
+    "executorch-8da8w": ("executorch", "8da8w", "8w"),
+    "onnx-int8": ("onnx", "int8-dynamic", None),
+}
+
+
+def _folder_mib(folder: str) -> float:
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder) for f in files) / 2**20
 
 
 def _optimum_env() -> dict:
@@ -156,7 +176,8 @@ def main() -> None:
     if args.worker:
         kind, model_name, backend, folder, extra = args.worker
         if kind == "export":
-            print(json.dumps({"export_s": export(model_name, backend, folder, int(extra))}))
+            seconds = export(model_name, backend, folder, int(extra))
+            print(json.dumps({"export_s": seconds, "folder_mib": _folder_mib(folder)}))
         else:
             new_tokens, prompt_len = map(int, extra.split(":"))
             print(json.dumps(worker(model_name, backend, folder, new_tokens, prompt_len)))
@@ -210,15 +231,15 @@ def main() -> None:
                     result["ids_equal"] = result["ids"] == eager["ids"]
                 rows.append({"model": model_name, "backend": engine, **exported.get(engine, {}), **result})
     print(f"rounds {args.rounds}, load average {min(loads):.1f} to {max(loads):.1f}")
-    print(f"{'model':6} {'backend':11} {'tok/s':>9} {'min-max':>15} {'x eager':>8} {'peak MiB':>9} {'x eager':>8} {'ids==eager':>10}")
+    print(f"{'model':6} {'backend':17} {'tok/s':>9} {'min-max':>15} {'x eager':>8} {'peak MiB':>9} {'x eager':>8} {'disk MiB':>9} {'ids==eager':>10}")
     for row in rows:
         if "error" in row:
-            print(f"{row['model']:6} {row['backend']:11} error: {row['error']}")
+            print(f"{row['model']:6} {row['backend']:17} error: {row['error']}")
             continue
         spread = f"{row['tokens_per_s_min']:.1f}-{row['tokens_per_s_max']:.1f}"
         print(
-            f"{row['model']:6} {row['backend']:11} {row['tokens_per_s']:9.1f} {spread:>15} {row['speed_ratio']:8.2f} "
-            f"{row['peak_rss_mib']:9.0f} {row['memory_ratio']:8.2f} {str(row['ids_equal']):>10}"
+            f"{row['model']:6} {row['backend']:17} {row['tokens_per_s']:9.1f} {spread:>15} {row['speed_ratio']:8.2f} "
+            f"{row['peak_rss_mib']:9.0f} {row['memory_ratio']:8.2f} {row.get('folder_mib', 0.0):9.1f} {str(row['ids_equal']):>10}"
         )
     if args.json:
         meta = {

@@ -22,7 +22,8 @@ def test_modes_and_group_sizes():
     assert check_quantize(None) == (None, None)
     for args, message in [
         (("int4",), "unknown ExecuTorch quantization 'int4'; choose one of: 8da4w, 8da8w"),
-        (("8da4w", 24), "--group-size must be a power of 2 (16, 32, 64, ...), got 24"),
+        (("8da4w", 24), "--group-size must be a power of 2 of at least 32 (32, 64, 128, ...: XNNPACK's kernels), got 24"),
+        (("8da4w", 16), "--group-size must be a power of 2 of at least 32 (32, 64, 128, ...: XNNPACK's kernels), got 16"),
         ((None, 32), "--group-size applies to --quantize 8da4w or 8da8w"),
     ]:
         with pytest.raises(InputError) as caught:

@@ -108,7 +108,7 @@ def export(
         "activations, int4 / int8 weights). Checked by sentence-embedding accuracy against float32 eager; needs a tokenizer.",
     ),
     group_size: Optional[int] = typer.Option(
-        None, "--group-size", help="executorch --quantize: input features per weight scale (a power of 2); default 32 for 8da4w, per channel for 8da8w."
+        None, "--group-size", help="executorch --quantize: input features per weight scale (a power of 2, at least 32); default 32 for 8da4w, per channel for 8da8w."
     ),
     qembedding: Optional[str] = typer.Option(
         None,
@@ -207,11 +207,6 @@ def _export(
         if task in ("text-generation", "text2text-generation"):
             from .generation import export_generation_folder
 
-            if quantize is not None:
-                raise InputError(f"--quantize is not supported for {task} exports yet: their accuracy check (next-token agreement) is not written")
-            if group_size is not None or qembedding is not None:
-                option = "--group-size" if group_size is not None else "--qembedding"
-                raise InputError(f"{option} is not supported for {task} exports yet: they are not quantized")
             if dtype is not None:
                 raise InputError(f"--dtype is not supported for {task} exports yet: their parts are exported in the checkpoint's dtype")
 
@@ -219,10 +214,16 @@ def _export(
             manifest = export_generation_folder(
                 path, backend, output, recipe=recipe, validate=validate, overwrite=overwrite, aoti=aoti,
                 allow_random_weights=allow_random_weights, max_seq_len=max_seq_len, opset=opset, optimize=optimize,
-                trust_remote_code=trust_remote_code,
+                trust_remote_code=trust_remote_code, quantize=quantize, group_size=group_size, quantize_embeddings=qembedding,
             )
             parts = ", ".join(f"{name} ({part['file']})" for name, part in manifest["parts"].items())
             typer.echo(f"exported {manifest['model_class']} for generation with {backend} to {output}: {parts}")
+            if "accuracy" in manifest:
+                accuracy = manifest["accuracy"]
+                typer.echo(
+                    f"next-token accuracy vs eager float32 over {accuracy['positions']} positions of {accuracy['prompts']} prompts: "
+                    f"top-1 agreement {accuracy['top1_agreement']:.3f}, mean KL {accuracy['mean_kl']:.4f} nats (max {accuracy['max_kl']:.4f})"
+                )
             return
         loaded, preprocessor, task_name = load_checkpoint(path, task, allow_random_weights, trust_remote_code)
         inputs = build_inputs(loaded, preprocessor)

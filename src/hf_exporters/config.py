@@ -76,7 +76,7 @@ class ExecutorchConfig(DynamoConfig):
         quantize: ``"8da4w"`` or ``"8da8w"``: the linear layers quantized with torchao in Stage 1 (int8
             dynamic activations, int4 or int8 weights; ``hf_exporters.exporters.executorch_quantize``),
             None for float.
-        group_size: input features per weight scale with ``quantize`` (a power of 2); None: the mode's
+        group_size: input features per weight scale with ``quantize`` (a power of 2, at least 32); None: the mode's
             default (32 for ``8da4w``, one scale per output channel for ``8da8w``).
         quantize_embeddings: ``"8w"``: every ``nn.Embedding`` table in int8 (one scale per row), looked up
             by ExecuTorch's ``quantized_decomposed::embedding_byte`` kernel; None for float.

@@ -49,7 +49,8 @@ def check_quantize(mode: str | None, group_size: int | None = None) -> tuple[str
     """``(mode, group size)`` with the mode's default group size filled in.
 
     Raises:
-        InputError: an unknown mode, a group size without a mode, or a group size below 1 or not a power of 2.
+        InputError: an unknown mode, a group size without a mode, or a group size that is not a power of 2
+            of at least 32 (XNNPACK's grouped int4 kernels take groups of 32, 64, ...).
     """
     if mode is None:
         if group_size is not None:
@@ -57,8 +58,8 @@ def check_quantize(mode: str | None, group_size: int | None = None) -> tuple[str
         return None, None
     if mode not in QUANTIZE_MODES:
         raise InputError(f"unknown ExecuTorch quantization {mode!r}; choose one of: {', '.join(QUANTIZE_MODES)}")
-    if group_size is not None and (group_size < 1 or group_size & (group_size - 1)):
-        raise InputError(f"--group-size must be a power of 2 (16, 32, 64, ...), got {group_size}")
+    if group_size is not None and (group_size < 32 or group_size & (group_size - 1)):
+        raise InputError(f"--group-size must be a power of 2 of at least 32 (32, 64, 128, ...: XNNPACK's kernels), got {group_size}")
     return mode, group_size if group_size is not None else DEFAULT_GROUP_SIZE[mode]
 
 

@@ -14,9 +14,12 @@ The modules, in the order of the flow (each imports only the ones above it):
 - ``cache_layout``: transformers caches as flat tensor lists and back (key/value and hybrid layouts).
 - ``steps``: the step modules exported as graphs (:class:`DecoderStep`, :class:`StaticDecoderStep`, ...).
 - ``parts``: :func:`build_parts`, one :class:`GenerationPart` per graph with example inputs and dynamic shapes.
-- ``folder``: :func:`export_for_generation`, :class:`GenerationArtifacts` (writes the folder),
-  :func:`export_generation_folder`, :func:`read_manifest`.
+- ``manifest``: :func:`read_manifest`, the folder's ``export.json`` read and checked.
 - ``generator``: :class:`ExportedGenerator`, the generation loop over a folder's parts.
+- ``accuracy``: :func:`check_generation_accuracy`, a quantized folder's next-token agreement and KL
+  divergence against float32 eager over the shipped prompts (teacher-forced through the generator).
+- ``folder``: :func:`export_for_generation`, :class:`GenerationArtifacts` (writes the folder, checks it),
+  :func:`export_generation_folder`.
 
 Parts and their graphs (``B`` batch, ``T`` prompt length, ``P`` cached positions, ``V`` vocabulary,
 ``L`` decoder layers, ``H`` key/value heads, ``D`` head dim, ``S`` encoder length, ``E`` hidden size):
@@ -56,16 +59,9 @@ Sliding-window layers are kept as full layers: the sliding window is applied by 
 from __future__ import annotations
 
 from .capture import decompose_for_generation
-from .folder import (
-    GENERATION_SCHEMA_VERSION,
-    PARITY_RTOL,
-    PART_ROLES,
-    GenerationArtifacts,
-    export_for_generation,
-    export_generation_folder,
-    read_manifest,
-)
+from .folder import PARITY_RTOL, GenerationArtifacts, export_for_generation, export_generation_folder
 from .generator import ExportedGenerator
+from .manifest import GENERATION_SCHEMA_VERSION, PART_ROLES, read_manifest
 from .parts import GenerationPart, build_parts
 from .steps import (
     DecoderStep,

@@ -1,4 +1,4 @@
-"""The generation folder: export every part, write the folder and its ``export.json``, read it back.
+"""The generation folder: export every part, write the folder and its ``export.json``, check it against eager.
 
 - :func:`export_for_generation`: export each :class:`~hf_exporters.generation.parts.GenerationPart` with
   one exporter; returns :class:`GenerationArtifacts`.
@@ -6,14 +6,12 @@
   the manifest, checking each saved part against eager (staged, then moved into place; see
   :mod:`hf_exporters.folders`).
 - :func:`export_generation_folder`: both, from a checkpoint folder (``hf-exporters export --task text-generation``).
-- :func:`read_manifest`: read and check a generation folder's ``export.json``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import os
 import time
 from collections.abc import Mapping
@@ -24,21 +22,19 @@ import numpy as np
 import torch
 
 from ..checkpoints import load_preprocessor, load_pretrained, read_config, resolve_model
-from ..errors import InputError, ManifestError, ParityError
+from ..errors import InputError, ParityError
 from ..exporters.result import ExportResult
 from ..folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder
 from ..pipeline import describe_tensors, dynamic_axes, library_versions, make_config, make_exporter
 from ..runtime.compare import compare_leaves, raise_if_eager_nonfinite
-from ..runtime.et_runner import INPUT_MUTATIONS_METHOD
 from ..shapes import tensor_leaves
+from .accuracy import check_generation_accuracy, prompt_ids
+from .generator import ExportedGenerator, load_part_runners
+from .manifest import GENERATION_SCHEMA_VERSION
 from .parts import GenerationPart, build_parts, relaxed_shapes
 
-#: version of the ``export.json`` layout of a generation folder; readers refuse other versions
-GENERATION_SCHEMA_VERSION = 1
 #: relative part of a part's parity tolerance: outputs may differ by ``atol + PARITY_RTOL * max|eager output|``
 PARITY_RTOL = 1e-5
-#: the roles a generation folder's parts play (``export.json`` ``parts.<name>.role``)
-PART_ROLES = ("encoder", "prefill", "decode")
 
 
 class GenerationArtifacts(dict):
@@ -57,6 +53,11 @@ class GenerationArtifacts(dict):
         results: ``{part name: ExportResult}`` of each part's export (empty when not exported here);
             the manifest's part entries take ``stage_seconds``, ``capture_strategy``,
             ``workarounds_fired`` and (ExecuTorch) ``partitions`` from them.
+        backend_entries: the exporter's own ``export.json`` entries after the export (``"executorch"``:
+            the quantization applied; ``"onnx"``: opset, optimisation level, fusions, quantization), written
+            at the manifest's top level as a single-model folder has them.
+        quantized: the parts' weights are quantized (``--quantize`` or ``--qembedding``): the folder is
+            checked by next-token accuracy (:mod:`hf_exporters.generation.accuracy`) instead of element parity.
     """
 
     def __init__(self, exporter: Any, model: torch.nn.Module, parts: dict[str, GenerationPart], artifacts: dict[str, Any], dynamic_axes: dict[str, Any]):
@@ -69,6 +70,8 @@ class GenerationArtifacts(dict):
         self.results: dict[str, ExportResult] = {}
         self.methods: dict[str, str] = {}
         self.program_seconds: dict[str, float] = {}
+        self.backend_entries: dict[str, Any] = {}
+        self.quantized = False
 
     def save_pretrained(
         self,
@@ -85,6 +88,10 @@ class GenerationArtifacts(dict):
         With ``validate``, each saved part is run in the backend's runtime on its example inputs and
         compared with the eager module (max abs difference, recorded as ``parity``; the tolerance is the
         exporter's ``default_atol`` plus :data:`PARITY_RTOL` times the largest eager output value).
+        A :attr:`quantized` folder is checked instead by running it as a generator, teacher-forced, over
+        the fixed prompt set tokenized by ``preprocessor``: next-token top-1 agreement and KL divergence
+        against float32 eager (:func:`~hf_exporters.generation.accuracy.check_generation_accuracy`,
+        recorded as the manifest's ``accuracy``; each part's ``parity`` is then None).
         The folder is written beside the target and moved into place at the end.
 
         With ``aoti`` (dynamo only), each part is also compiled into an AOTInductor package
@@ -95,14 +102,17 @@ class GenerationArtifacts(dict):
             the manifest written.
 
         Raises:
-            InputError: ``directory`` exists, is not empty and ``overwrite`` is False; ``aoti`` for another backend.
-            ParityError: a part's outputs differ from eager beyond the exporter's ``default_atol``.
+            InputError: ``directory`` exists, is not empty and ``overwrite`` is False; ``aoti`` for another
+                backend; a quantized folder to validate without a tokenizer (``preprocessor``).
+            ParityError: a part's outputs differ from eager beyond the exporter's ``default_atol``; a
+                quantized folder's next-token accuracy is below the thresholds.
             ExportStageError: the AOTInductor compile failed.
         """
         out = Path(directory)
         check_output_folder(out, overwrite)
         if aoti and self.exporter.name != "dynamo":
             raise InputError(f"aoti compiles the dynamo backend's programs; these parts were exported with {self.exporter.name!r}")
+        prompts = prompt_ids(preprocessor) if self.quantized and validate else None
         manifest: dict[str, Any] = {}
         with staged_folder(out, manifest) as staging:
             parts_manifest: dict[str, Any] = {}
@@ -139,7 +149,9 @@ class GenerationArtifacts(dict):
                     entry["aoti_package"] = str(package.relative_to(staging))
                     entry["files"] = sorted(str(p.relative_to(staging)) for p in folder.rglob("*") if p.is_file())
                     checked.append(package)
-                for path_checked in checked if validate else []:
+                if self.quantized:
+                    entry["parity"] = None  # int8/int4 weights: judged by next-token accuracy below
+                for path_checked in checked if validate and not self.quantized else []:
                     runner = self.exporter.load_runner(path_checked, method) if method is not None else self.exporter.load_runner(path_checked)
                     with torch.no_grad():
                         expected = part.module(**_copy_inputs(part.inputs))
@@ -163,6 +175,13 @@ class GenerationArtifacts(dict):
                         )
                 parts_manifest[name] = entry
             genai = self._genai_layout(staging, parts_manifest, validate)
+            accuracy = None
+            if prompts is not None:
+                described = {"backend": self.exporter.name, "is_encoder_decoder": bool(getattr(self.model.config, "is_encoder_decoder", False)),
+                             "parts": parts_manifest, "onnxruntime_genai": genai}
+                runners = load_part_runners(staging, described, self.exporter)
+                generator = ExportedGenerator(staging, described, runners, self.model.config, self.model.generation_config)
+                accuracy = check_generation_accuracy(self.model, generator, prompts).as_dict()
             self.model.config.save_pretrained(staging)
             self.model.generation_config.save_pretrained(staging)
             if preprocessor is not None:
@@ -185,6 +204,8 @@ class GenerationArtifacts(dict):
                         if shared is not None else {}
                     ),
                     "onnxruntime_genai": genai,
+                    **self.backend_entries,
+                    **({"accuracy": accuracy} if accuracy is not None else {}),
                 }
             )
         return manifest
@@ -346,6 +367,8 @@ def export_for_generation(exporter: Any, model: torch.nn.Module, inputs: Mapping
     generated.program_seconds = program_seconds
     generated.export_seconds = seconds
     generated.results = results
+    generated.backend_entries = exporter.manifest_entries() if hasattr(exporter, "manifest_entries") else {}
+    generated.quantized = bool(getattr(base, "quantize", None) or getattr(base, "quantize_embeddings", None))
     return generated
 
 
@@ -364,6 +387,9 @@ def export_generation_folder(
     opset: int | None = None,
     optimize: str | None = None,
     trust_remote_code: bool = False,
+    quantize: str | None = None,
+    group_size: int | None = None,
+    quantize_embeddings: str | None = None,
 ) -> dict[str, Any]:
     """Load the checkpoint folder ``model_path`` (or a hub id in the Hugging Face cache; a checkpoint with its own
     code only with ``trust_remote_code``), export its generation parts with ``backend`` and write ``output``.
@@ -371,17 +397,26 @@ def export_generation_folder(
     The example inputs are the tokenizer's encoding of ``prompt`` (or 8 token ids when the folder has
     no tokenizer). Used by ``hf-exporters export --task text-generation`` / ``text2text-generation``.
 
+    ``quantize`` (executorch ``8da4w`` / ``8da8w`` with ``group_size``; onnx ``int8-dynamic``) and
+    ``quantize_embeddings`` (executorch ``8w``) quantize every part's weights as a single-model export
+    does; the folder is then checked by next-token accuracy against float32 eager on the fixed prompt set
+    (:mod:`hf_exporters.generation.accuracy`), which needs the checkpoint's tokenizer.
+
     Returns:
         the manifest written.
 
     Raises:
         InputError: the folder cannot be loaded, transformers initialised some of its weights at random
-            (unless ``allow_random_weights``; a base-model checkpoint has no ``lm_head``), or ``output``
-            exists and is not empty (without ``overwrite``).
+            (unless ``allow_random_weights``; a base-model checkpoint has no ``lm_head``), ``output``
+            exists and is not empty (without ``overwrite``), ``quantize`` is ``int8-static`` (its
+            calibration would see one example per part), or a quantized export to validate has no tokenizer.
         ExportStageError, ParityError: as :func:`export_for_generation` and :meth:`GenerationArtifacts.save_pretrained`.
     """
     import transformers
 
+    if quantize == "int8-static":
+        raise InputError("--quantize int8-static is not supported for generation exports: its calibration would see "
+                         "one example prompt per part; use int8-dynamic")
     out = Path(output)
     path = resolve_model(model_path)
     check_output_folder(out, overwrite, source=path)
@@ -389,8 +424,10 @@ def export_generation_folder(
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     auto = transformers.AutoModelForSeq2SeqLM if seq2seq else transformers.AutoModelForCausalLM
     task = "text2text-generation" if seq2seq else "text-generation"
-    model = load_pretrained(auto, path, f"task {task!r}", allow_random_weights, trust_remote_code)
     preprocessor = load_preprocessor(path, trust_remote_code)
+    if validate and (quantize is not None or quantize_embeddings is not None):
+        prompt_ids(preprocessor)  # a quantized folder is checked on tokenized prompts: refuse before loading
+    model = load_pretrained(auto, path, f"task {task!r}", allow_random_weights, trust_remote_code)
     if preprocessor is not None:
         inputs = dict(preprocessor([prompt], return_tensors="pt"))
     else:
@@ -398,71 +435,10 @@ def export_generation_folder(
         ids = torch.arange(1, 9).remainder(vocab).unsqueeze(0)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     exporter = make_exporter(backend)
-    artifacts = export_for_generation(exporter, model, inputs, make_config(exporter, True, recipe, max_seq_len, opset=opset, optimize=optimize))
+    exporter_config = make_config(
+        exporter, True, recipe, max_seq_len, opset=opset, optimize=optimize, quantize=quantize, group_size=group_size, quantize_embeddings=quantize_embeddings
+    )
+    artifacts = export_for_generation(exporter, model, inputs, exporter_config)
     return artifacts.save_pretrained(
         out, preprocessor=preprocessor, validate=validate, overwrite=overwrite, source_model=str(path.resolve()), aoti=aoti
     )
-
-
-
-def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and check a generation folder's ``export.json``.
-
-    Raises:
-        ManifestError: the folder or manifest is missing or unreadable, the schema version is unknown,
-            it is not a generation folder, a part's file is missing, or a path leaves the folder.
-    """
-    root = Path(directory)
-    path = root / MANIFEST_NAME
-    if not path.is_file():
-        raise ManifestError(f"{root} is not an exported generation folder: {MANIFEST_NAME} is missing")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise ManifestError(f"{path} cannot be read: {error}") from error
-    if not isinstance(manifest, dict):
-        raise ManifestError(f"{path} is not a JSON object")
-    version = manifest.get("schema_version")
-    if version != GENERATION_SCHEMA_VERSION:
-        raise ManifestError(f"{path}: unknown schema_version {version!r} (this version of hf-exporters reads {GENERATION_SCHEMA_VERSION})")
-    parts = manifest.get("parts")
-    if manifest.get("kind") != "generation" or not isinstance(parts, dict) or not parts:
-        raise ManifestError(f"{path} does not describe a generation export (no 'parts'); export with --task text-generation")
-    resolved_root = root.resolve()
-    for name, part in parts.items():
-        if not isinstance(part, dict):
-            raise ManifestError(f"{path}: part {name!r} is not a JSON object")
-        if part.get("role") not in PART_ROLES:
-            raise ManifestError(f"{path}: part {name!r} has an unknown role {part.get('role')!r} (known: {', '.join(PART_ROLES)})")
-    roles = [part["role"] for part in parts.values()]
-    if len(set(roles)) != len(roles):
-        raise ManifestError(f"{path}: two parts share a role ({', '.join(sorted(r for r in set(roles) if roles.count(r) > 1))})")
-    for role in ("prefill", "decode"):
-        if role not in roles:
-            raise ManifestError(f"{path}: no part has the role {role!r}; a generation folder needs a prefill and a decode part")
-    methods_by_file: dict[str, list[tuple[str, Any]]] = {}
-    for name, part in parts.items():
-        if "method" in part and (not isinstance(part["method"], str) or not part["method"] or part["method"].startswith(INPUT_MUTATIONS_METHOD)):
-            raise ManifestError(f"{path}: part {name!r} has a 'method' that is not a method name: {part['method']!r}")
-        methods_by_file.setdefault(str(part.get("file")), []).append((name, part.get("method")))
-    for file, named in methods_by_file.items():
-        if len(named) < 2:
-            continue
-        if any(method is None for _, method in named):
-            raise ManifestError(f"{path}: parts {', '.join(repr(n) for n, _ in named)} share {file!r}, and part "
-                                f"{next(n for n, m in named if m is None)!r} names no 'method' of it")
-        methods = [method for _, method in named]
-        if len(set(methods)) != len(methods):
-            raise ManifestError(f"{path}: parts {', '.join(repr(n) for n, _ in named)} share {file!r} and a method "
-                                f"({', '.join(sorted({m for m in methods if methods.count(m) > 1}))})")
-    for name, part in parts.items():
-        for rel in [part.get("file"), *part.get("files", [])]:
-            if not isinstance(rel, str) or not rel:
-                raise ManifestError(f"{path}: part {name!r} has no file")
-            target = (root / rel).resolve()
-            if Path(rel).is_absolute() or not target.is_relative_to(resolved_root):
-                raise ManifestError(f"{path}: part {name!r} names a path outside the folder: {rel!r}")
-            if not target.is_file():
-                raise ManifestError(f"{path}: part {name!r}: file {rel!r} is missing")
-    return manifest
-

@@ -22,10 +22,53 @@ from ..folders import MANIFEST_NAME
 from ..pipeline import make_exporter
 from ..pytree import register_model_pytrees
 from ..runtime.cpp_runner import CppExecutorchRunner
-from .folder import read_manifest
+from .manifest import read_manifest
 
 #: names of generation-config keys the CLI and :meth:`ExportedGenerator.generate` accept as overrides
 _SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "num_beams")
+
+
+def load_part_runners(root: Path, manifest: dict[str, Any], exporter: Any, runtime: str = "python") -> dict[str, Any]:
+    """``{part name: runner}`` for every part of a generation folder's ``manifest`` (as :func:`read_manifest`
+    returns it); the parts that are methods of one program share the loaded program.
+
+    Args:
+        root: the folder (the parts' ``file`` entries are relative to it).
+        exporter: the backend's exporter (its ``load_runner``).
+        runtime: ``"python"`` or ``"cpp"`` (the C++ runner's ExecuTorch runtime).
+
+    Raises:
+        ManifestError: a part's file cannot be loaded (corrupt or truncated) or has no such method.
+        CppRunnerError: ``runtime="cpp"`` and the C++ runner refuses a part's file.
+    """
+    register_model_pytrees(None)
+    runners = {}
+    loaded: dict[str, Any] = {}  # file -> the runner that loaded it (the parts of one program share it)
+    for name, part in manifest["parts"].items():
+        try:
+            method = part.get("method")
+            if runtime == "python" and method and hasattr(loaded.get(part["file"]), "for_method"):
+                runners[name] = loaded[part["file"]].for_method(method)
+            elif runtime == "python":
+                runners[name] = exporter.load_runner(root / part["file"], method) if method else exporter.load_runner(root / part["file"])
+                loaded[part["file"]] = runners[name]
+            else:
+                runners[name] = CppExecutorchRunner(root / part["file"], method or "forward")
+        except HfExportersError:
+            raise
+        except ValueError as error:
+            if "has no method" not in str(error):
+                raise ManifestError(
+                    f"{root / part['file']}: part {name!r} cannot be loaded by the {manifest.get('backend')} runtime "
+                    f"(corrupt or truncated file?): {first_line(error)}"
+                ) from error
+            raise ManifestError(f"{root / part['file']}: part {name!r}: {str(error).splitlines()[0]}") from error
+        except Exception as error:  # noqa: BLE001 - the runtime refused the file
+            raise ManifestError(
+                f"{root / part['file']}: part {name!r} cannot be loaded by the {manifest.get('backend')} runtime "
+                f"(corrupt or truncated file?): {first_line(error)}"
+            ) from error
+    return runners
 
 
 class _ProcessorShim:
@@ -112,33 +155,7 @@ class ExportedGenerator:
                 generation_config = transformers.GenerationConfig.from_model_config(config)
         except Exception as error:  # noqa: BLE001
             raise ManifestError(f"{root / 'generation_config.json'} cannot be read: {first_line(error)}") from error
-        register_model_pytrees(None)
-        runners = {}
-        loaded: dict[str, Any] = {}  # file -> the runner that loaded it (the parts of one program share it)
-        for name, part in manifest["parts"].items():
-            try:
-                method = part.get("method")
-                if runtime == "python" and method and hasattr(loaded.get(part["file"]), "for_method"):
-                    runners[name] = loaded[part["file"]].for_method(method)
-                elif runtime == "python":
-                    runners[name] = exporter.load_runner(root / part["file"], method) if method else exporter.load_runner(root / part["file"])
-                    loaded[part["file"]] = runners[name]
-                else:
-                    runners[name] = CppExecutorchRunner(root / part["file"], method or "forward")
-            except HfExportersError:
-                raise
-            except ValueError as error:
-                if "has no method" not in str(error):
-                    raise ManifestError(
-                        f"{root / part['file']}: part {name!r} cannot be loaded by the {manifest.get('backend')} runtime "
-                        f"(corrupt or truncated file?): {first_line(error)}"
-                    ) from error
-                raise ManifestError(f"{root / part['file']}: part {name!r}: {str(error).splitlines()[0]}") from error
-            except Exception as error:  # noqa: BLE001 - the runtime refused the file
-                raise ManifestError(
-                    f"{root / part['file']}: part {name!r} cannot be loaded by the {manifest.get('backend')} runtime "
-                    f"(corrupt or truncated file?): {first_line(error)}"
-                ) from error
+        runners = load_part_runners(root, manifest, exporter, runtime)
         preprocessor = checkpoints.load_preprocessor(root) if load_preprocessor else None
         return cls(root, manifest, runners, config, generation_config, preprocessor)
 
@@ -240,10 +257,50 @@ class ExportedGenerator:
             InputError: no input given, an encoder input missing or an unknown one given, beam search
                 asked for, or a static cache too short for the request.
         """
-        from transformers.generation.utils import GenerationMixin
-
         overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_KEYS}
         config = self._prepare_config(max_new_tokens, generation_config, overrides)
+        return self._loop(input_ids, attention_mask, config, kwargs)
+
+    def score(self, input_ids: torch.Tensor, continuation: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        """Teacher-forced next-token logits: run the folder's parts as :meth:`generate` does, but feed
+        ``continuation``'s tokens instead of the chosen ones, and return the raw logits of every step
+        (before any logits processor).
+
+        Args:
+            input_ids: ``(B, T)`` prompt ids (decoder-only: left-padded; encoder-decoder: encoder input).
+            continuation: ``(B, n)`` the tokens fed after the prompt (decoder-only) or after the decoder
+                start token (encoder-decoder), one per step.
+            attention_mask: ``(B, T)``; all ones when None.
+            **kwargs: other encoder inputs, as :meth:`generate` takes them.
+
+        Returns:
+            ``(B, n, V)`` float32 logits; row ``t`` scores the token that follows the prompt and
+            ``continuation[:, :t]``. Every step runs: end-of-sequence tokens do not stop it.
+
+        Raises:
+            InputError: as :meth:`generate`; ``continuation`` is not ``(B, n)`` with ``n >= 1``.
+        """
+        batch = next((v.shape[0] for v in (input_ids, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
+        if continuation.dim() != 2 or continuation.shape[1] < 1 or continuation.shape[0] != batch:
+            raise InputError(f"continuation must be (B, n) with B = {batch} and n >= 1, got {tuple(continuation.shape)}")
+        config = self._prepare_config(int(continuation.shape[1]), None, {"do_sample": False})
+        steps: list[torch.Tensor] = []
+        self._loop(input_ids, attention_mask, config, kwargs, forced=continuation.long(), logits_out=steps)
+        return torch.stack(steps, dim=1)
+
+    def _loop(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        config: Any,
+        kwargs: dict[str, Any],
+        forced: torch.Tensor | None = None,
+        logits_out: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """The generation loop of :meth:`generate`; with ``forced`` (``(B, n)``), step ``t`` takes
+        ``forced[:, t]`` as its token and runs every step; each step's raw logits are appended to ``logits_out``."""
+        from transformers.generation.utils import GenerationMixin
+
         shim = _ProcessorShim(self.config)
         if self.is_encoder_decoder:
             encoder_inputs = {k: v for k, v in {"input_ids": input_ids, "attention_mask": attention_mask, **kwargs}.items() if v is not None}
@@ -312,15 +369,20 @@ class ExportedGenerator:
                 logits, cache = outputs[0].float(), outputs[1:]
                 if self.logits_as_sequence:  # (B, 1, V): an ONNX part laid out for onnxruntime-genai
                     logits = logits[:, -1]
-                scores = processors(sequences, logits)
-                if config.do_sample:
-                    next_tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+                if logits_out is not None:
+                    logits_out.append(logits)
+                if forced is not None:
+                    next_tokens = forced[:, step]
                 else:
-                    next_tokens = scores.argmax(dim=-1)
-                if eos is not None:
+                    scores = processors(sequences, logits)
+                    if config.do_sample:
+                        next_tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+                    else:
+                        next_tokens = scores.argmax(dim=-1)
+                if eos is not None and forced is None:
                     next_tokens = next_tokens * unfinished + pad * (1 - unfinished)
                 sequences = torch.cat([sequences, next_tokens[:, None]], dim=1)
-                if eos is not None:
+                if eos is not None and forced is None:
                     unfinished = unfinished & ~torch.isin(next_tokens, eos)
                     if int(unfinished.max()) == 0:
                         break
