@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 
 import pytest
 import torch
@@ -18,8 +19,10 @@ import transformers as tf
 from typer.testing import CliRunner
 
 from hf_exporters.cli import app
+from hf_exporters.errors import InputError
 from hf_exporters.generation import ExportedGenerator, export_generation_folder
 from hf_exporters.generation.accuracy import NEW_TOKENS, PROMPTS, THRESHOLDS, measure, prompt_ids
+from hf_exporters.runtime import cpp_runner
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -80,7 +83,7 @@ def test_a_float_folder_scores_what_eager_scores(checkpoint, tmp_path):
     scored = generator.score(ids, greedy)
     assert scored.shape == (1, NEW_TOKENS, TINY["vocab_size"])
     assert scored.argmax(-1).tolist() == greedy.tolist()
-    with pytest.raises(Exception, match=r"^continuation must be \(B, n\) with B = 1 and n >= 1, got \(1, 0\)$"):
+    with pytest.raises(InputError, match=r"^continuation must be \(B, n\) with B = 1 and n >= 1, got \(1, 0\)$"):
         generator.score(ids, greedy[:, :0])
 
 
@@ -109,6 +112,20 @@ def test_int8_executorch_folder_passes_and_records_its_accuracy(checkpoint, tmp_
     assert python_ids.shape == (1, 14) and len(set(python_ids[0, 6:].tolist())) > 1
     cpp_ids = ExportedGenerator.from_pretrained(out, runtime="cpp").generate(prompt, max_new_tokens=8)  # make test builds cpp/
     assert cpp_ids.tolist() == python_ids.tolist()
+    # an id past the table would abort the process in the int8 embedding kernel: refused before any part runs
+    assert manifest["vocab_size"] == TINY["vocab_size"]
+    for runtime in ("python", "cpp"):
+        with pytest.raises(InputError, match=r"^token id 100 in input_ids is outside the vocabulary \(0 to 63\)$"):
+            ExportedGenerator.from_pretrained(out, runtime=runtime).generate(torch.tensor([[3, 4, 100]]), max_new_tokens=2)
+    with pytest.raises(InputError, match=r"^token id -1 in continuation is outside the vocabulary \(0 to 63\)$"):
+        ExportedGenerator.from_pretrained(out).score(prompt, torch.tensor([[-1, 3]]))
+    with pytest.raises(InputError, match=r"^continuation must be a \(B, T\) tensor of integer token ids, got list$"):
+        ExportedGenerator.from_pretrained(out).score(prompt, [[3, 4]])
+    with pytest.raises(InputError, match=r"^input_ids must be a \(B, T\) tensor of integer token ids, got a 1-D torch.int64 tensor$"):
+        ExportedGenerator.from_pretrained(out).generate(torch.tensor([3, 4, 5]), max_new_tokens=2)
+    hfx = subprocess.run([str(cpp_runner.hfx_run()), str(out), "--generate", "--input-ids", "3,4,100", "--max-new-tokens", "4"],
+                         capture_output=True, text=True, check=False)
+    assert (hfx.returncode, hfx.stderr.strip().splitlines()[-1]) == (1, "error: token id 100 is outside the vocabulary (0 to 63)")
 
 
 def test_int8_onnx_folder_passes(checkpoint, tmp_path):
@@ -120,6 +137,18 @@ def test_int8_onnx_folder_passes(checkpoint, tmp_path):
 
     graph = onnx.load(tmp_path / "onnx" / manifest["parts"]["decode"]["file"], load_external_data=False).graph
     assert any(node.op_type in ("MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear") for node in graph.node)
+
+
+def test_an_unchecked_quantized_folder_says_so(checkpoint, tmp_path):
+    _, folder = checkpoint
+    out = tmp_path / "unchecked"
+    result = CliRunner().invoke(
+        app, ["export", "-m", str(folder), "-o", str(out), "--task", "text-generation", "--backend", "onnx", "--quantize", "int8-dynamic", "--no-validate"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == "quantized weights, not checked against eager (--no-validate)"
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["accuracy"] is None and manifest["onnx"]["quantize"] == "int8-dynamic"
 
 
 def test_int4_weights_of_a_random_model_are_refused_with_the_figures(checkpoint, tmp_path):
@@ -139,16 +168,20 @@ def test_int4_weights_of_a_random_model_are_refused_with_the_figures(checkpoint,
 
 
 @pytest.mark.parametrize(
-    "args, message",
+    "tokenizer, args, message",
     [
-        (["--backend", "executorch", "--quantize", "8da8w"], "error: a quantized generation folder is checked on real prompts: the checkpoint needs a tokenizer"),
-        (["--backend", "onnx", "--quantize", "int8-static"],
+        (False, ["--backend", "executorch", "--quantize", "8da8w"], "error: a quantized generation folder is checked on real prompts: the checkpoint needs a tokenizer"),
+        (False, ["--backend", "onnx", "--quantize", "int8-static"],
          "error: --quantize int8-static is not supported for generation exports: its calibration would see one example prompt per part; use int8-dynamic"),
+        (True, ["--backend", "executorch", "--quantize", "8da8w", "--max-seq-len", "64"],
+         "error: --max-seq-len 64 is too short for the accuracy check of a quantized folder: its longest prompt is 78 tokens and 3 decode "
+         "positions follow (81); give --max-seq-len 81 or more, or --no-validate"),
+        (False, ["--backend", "dynamo", "--quantize", "8da8w"], "error: --quantize applies to the onnx and executorch backends, not 'dynamo'"),
     ],
 )
-def test_quantized_generation_refusals(tmp_path, args, message):
+def test_quantized_generation_refusals(tmp_path, tokenizer, args, message):
     folder = tmp_path / "ckpt"
-    _checkpoint(folder, tokenizer=False)
+    _checkpoint(folder, tokenizer=tokenizer)
     result = CliRunner().invoke(app, ["export", "-m", str(folder), "-o", str(tmp_path / "out"), "--task", "text-generation", *args])
     assert result.exit_code == 1 and result.output.strip() == message
     assert not (tmp_path / "out").exists()

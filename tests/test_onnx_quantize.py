@@ -147,5 +147,5 @@ def test_cli_quantize_errors(tmp_path: Path) -> None:
     assert cli("-b", "onnx", "--quantize", "int8-dynamic") == (
         1, "error: --quantize int8-dynamic calibrates and checks on real sentences: the checkpoint needs a tokenizer"
     )
-    assert cli("-b", "dynamo", "--quantize", "int8-dynamic") == (1, "error: --quantize applies to the onnx backend only, not 'dynamo'")
+    assert cli("-b", "dynamo", "--quantize", "int8-dynamic") == (1, "error: --quantize applies to the onnx and executorch backends, not 'dynamo'")
     assert not (tmp_path / "x").exists()

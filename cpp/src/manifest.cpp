@@ -87,6 +87,7 @@ Manifest read_manifest(const fs::path& directory) {
     m.model_class = doc.value("model_class", std::string());
     m.kind = doc.value("kind", std::string("export"));
     m.is_encoder_decoder = doc.value("is_encoder_decoder", false);
+    if (doc.contains("vocab_size") && !doc["vocab_size"].is_null()) m.vocab_size = doc["vocab_size"].get<int64_t>();
     if (m.kind == "generation") {
       const json& parts = doc.at("parts");
       if (!parts.is_object() || parts.empty()) throw Error(where + ": 'parts' is empty or not an object");

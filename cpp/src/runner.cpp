@@ -123,12 +123,18 @@ Generator::Generator(const Manifest& manifest) {
   decode_runner_ = load_part(manifest, decode);
   prefill_limit_ = smaller_known(input_bound(prefill, *prefill_runner_, "input_ids", 1), input_bound(prefill, *prefill_runner_, "attention_mask", 1));
   decode_limit_ = input_bound(decode, *decode_runner_, "attention_mask", 1);  // a mask over every position so far
+  vocab_size_ = manifest.vocab_size;
 }
 
 GenerationResult Generator::generate(const std::vector<int64_t>& prompt, int max_new_tokens, int64_t eos_token_id) {
   if (prompt.empty()) throw Error("the prompt has no token ids");
   if (max_new_tokens < 1) throw Error("max_new_tokens must be at least 1");
   const int64_t length = static_cast<int64_t>(prompt.size());
+  // ExecuTorch's quantized embedding kernel aborts the process on an id past its table: refuse it here
+  for (const int64_t id : prompt)
+    if (id < 0 || (vocab_size_ >= 0 && id >= vocab_size_))
+      throw Error("token id " + std::to_string(id) + " is outside the vocabulary" +
+                  (vocab_size_ >= 0 ? " (0 to " + std::to_string(vocab_size_ - 1) + ")" : " (ids are >= 0)"));
   // Checked before running anything: past the bounds, ExecuTorch fails inside execute() with no reason.
   const int64_t positions = length + max_new_tokens - 1;  // the last decode step's mask covers them all
   if (prefill_limit_ >= 0 && length > prefill_limit_)

@@ -126,7 +126,8 @@ def make_config(
     if opset is not None or optimize is not None or quantize is not None:
         if not hasattr(config, "opset_version"):
             option = "--opset" if opset is not None else "--optimize" if optimize is not None else "--quantize"
-            raise InputError(f"{option} applies to the onnx backend only, not {exporter.name!r}")
+            backends = "the onnx and executorch backends" if option == "--quantize" else "the onnx backend only"
+            raise InputError(f"{option} applies to {backends}, not {exporter.name!r}")
         from .exporters.onnx_optimize import check_opset, optimize_level
         from .exporters.onnx_quantize import check_quantize
 

@@ -39,6 +39,7 @@ struct Manifest {
   std::string kind;     // "generation" or "export"
   std::string model_class;
   bool is_encoder_decoder = false;
+  int64_t vocab_size = -1;  // generation folders: token ids are in [0, vocab_size) (-1: not recorded)
   std::map<std::string, Part> parts;
 
   /// The part with `role`; throws hfx::Error when the folder has none.

@@ -64,12 +64,14 @@ class Generator {
   std::unique_ptr<PartRunner> prefill_runner_, decode_runner_;
   int64_t prefill_limit_ = -1;  // the longest prompt the prefill part takes (-1: the runtime does not say)
   int64_t decode_limit_ = -1;   // the most positions (prompt and new tokens) the decode part's mask takes
+  int64_t vocab_size_ = -1;     // token ids are in [0, vocab_size_) (-1: the manifest does not say)
 };
 
 /// Greedy generation from a decoder-only generation folder (prefill and decode parts over a dynamic
 /// cache): `prompt` token ids, up to `max_new_tokens` new ones (stops early at `eos_token_id` >= 0).
 /// Throws hfx::Error for a folder of another kind (encoder-decoder, static cache), an empty prompt, or,
-/// before running anything, a prompt (or prompt and new tokens) longer than the parts were exported for.
+/// before running anything, a prompt (or prompt and new tokens) longer than the parts were exported for,
+/// or a token id outside the vocabulary (a quantized embedding kernel would abort the process on it).
 GenerationResult generate_greedy(const Manifest& manifest, const std::vector<int64_t>& prompt, int max_new_tokens,
                                  int64_t eos_token_id = -1);
 

@@ -30,12 +30,15 @@ mean cosine of 0.9989 and passes; ``8da4w`` (group 32) reaches 0.963 and is refu
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import torch
 
 from ..deps import require
 from ..errors import InputError
+
+logger = logging.getLogger("hf_exporters")
 
 #: quantization modes (``--quantize`` with ``--backend executorch``) -> weight bits
 QUANTIZE_MODES: dict[str, int] = {"8da4w": 4, "8da8w": 8}
@@ -158,5 +161,10 @@ def quantize_linears(
     weight_dtype = torch.int4 if QUANTIZE_MODES[mode] == 4 else torch.int8
     granularity: Any = PerGroup(group_size) if group_size is not None else PerAxis(0)
     config = Int8DynamicActivationIntxWeightConfig(weight_dtype=weight_dtype, weight_granularity=granularity)
+    if len(chosen) < len(linears):
+        logger.warning(
+            "--quantize %s: %d of %d linear layers stay float (input features not a multiple of the group size %s)",
+            mode, len(linears) - len(chosen), len(linears), group_size,
+        )
     quantize_(quantized, config, filter_fn=lambda module, _fqn: id(module) in chosen)
     return quantized, len(chosen), len(linears) - len(chosen)

@@ -28,7 +28,7 @@ from ..folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_fo
 from ..pipeline import describe_tensors, dynamic_axes, library_versions, make_config, make_exporter
 from ..runtime.compare import compare_leaves, raise_if_eager_nonfinite
 from ..shapes import tensor_leaves
-from .accuracy import check_generation_accuracy, prompt_ids
+from .accuracy import NEW_TOKENS, check_generation_accuracy, prompt_ids
 from .generator import ExportedGenerator, load_part_runners
 from .manifest import GENERATION_SCHEMA_VERSION
 from .parts import GenerationPart, build_parts, relaxed_shapes
@@ -194,6 +194,8 @@ class GenerationArtifacts(dict):
                     "recipe": getattr(getattr(self.exporter, "config", None), "backend", None),
                     "model_class": type(self.model).__name__,
                     "is_encoder_decoder": bool(getattr(self.model.config, "is_encoder_decoder", False)),
+                    # token ids are in [0, vocab_size): the rows of the input embedding table (readers refuse others)
+                    "vocab_size": _embedding_rows(self.model),
                     "source_model": source_model,
                     "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "versions": library_versions(),
@@ -205,7 +207,8 @@ class GenerationArtifacts(dict):
                     ),
                     "onnxruntime_genai": genai,
                     **self.backend_entries,
-                    **({"accuracy": accuracy} if accuracy is not None else {}),
+                    # a quantized folder's next-token accuracy; None when it was not checked (validate=False)
+                    **({"accuracy": accuracy} if self.quantized else {}),
                 }
             )
         return manifest
@@ -276,6 +279,35 @@ class GenerationArtifacts(dict):
         }
         config = write_genai_config(staging, self.model.config, self.model.generation_config, graph_names, dims)
         return {"layout": True, "config": config}
+
+
+def _check_room_for_prompts(prompts: list[torch.Tensor], config: Any) -> None:
+    """Refuse an ExecuTorch bound (``max_seq_len``) too short for the accuracy check's longest prompt and
+    its decode positions.
+
+    Raises:
+        InputError: "--max-seq-len N is too short for the accuracy check of a quantized folder: ...".
+    """
+    if not hasattr(config, "max_seq_len"):
+        return
+    from ..workarounds.executorch.fx_program_fixes import UNBOUNDED_DIM_MAX
+
+    bound = config.max_seq_len or UNBOUNDED_DIM_MAX
+    longest = max(p.shape[1] for p in prompts)
+    needed = longest + NEW_TOKENS - 1
+    if needed > bound:
+        raise InputError(
+            f"--max-seq-len {bound} is too short for the accuracy check of a quantized folder: its longest prompt is "
+            f"{longest} tokens and {NEW_TOKENS - 1} decode positions follow ({needed}); give --max-seq-len {needed} or more, or --no-validate"
+        )
+
+
+def _embedding_rows(model: torch.nn.Module) -> int | None:
+    try:
+        embeddings = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    return int(embeddings.num_embeddings) if isinstance(embeddings, torch.nn.Embedding) else None
 
 
 def _describe_inputs(inputs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -425,8 +457,13 @@ def export_generation_folder(
     auto = transformers.AutoModelForSeq2SeqLM if seq2seq else transformers.AutoModelForCausalLM
     task = "text2text-generation" if seq2seq else "text-generation"
     preprocessor = load_preprocessor(path, trust_remote_code)
+    exporter = make_exporter(backend)
+    exporter_config = make_config(
+        exporter, True, recipe, max_seq_len, opset=opset, optimize=optimize, quantize=quantize, group_size=group_size, quantize_embeddings=quantize_embeddings
+    )
     if validate and (quantize is not None or quantize_embeddings is not None):
-        prompt_ids(preprocessor)  # a quantized folder is checked on tokenized prompts: refuse before loading
+        # a quantized folder is checked on the tokenized prompts: refuse what cannot run them before loading
+        _check_room_for_prompts(prompt_ids(preprocessor), exporter_config)
     model = load_pretrained(auto, path, f"task {task!r}", allow_random_weights, trust_remote_code)
     if preprocessor is not None:
         inputs = dict(preprocessor([prompt], return_tensors="pt"))
@@ -434,10 +471,6 @@ def export_generation_folder(
         vocab = config.get_text_config().vocab_size
         ids = torch.arange(1, 9).remainder(vocab).unsqueeze(0)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    exporter = make_exporter(backend)
-    exporter_config = make_config(
-        exporter, True, recipe, max_seq_len, opset=opset, optimize=optimize, quantize=quantize, group_size=group_size, quantize_embeddings=quantize_embeddings
-    )
     artifacts = export_for_generation(exporter, model, inputs, exporter_config)
     return artifacts.save_pretrained(
         out, preprocessor=preprocessor, validate=validate, overwrite=overwrite, source_model=str(path.resolve()), aoti=aoti

@@ -71,6 +71,30 @@ def load_part_runners(root: Path, manifest: dict[str, Any], exporter: Any, runti
     return runners
 
 
+def _check_token_ids(name: str, ids: Any, vocab_size: int | None) -> None:
+    """Refuse ``ids`` that are not a ``(B, T)`` integer tensor of ids in ``[0, vocab_size)`` (None: passes).
+
+    ExecuTorch's quantized embedding kernel aborts the process on an id past its table, and other
+    kernels read out of bounds: the ids are checked before any part runs.
+
+    Raises:
+        InputError: "input_ids must be a (B, T) tensor of token ids, got ..." or "token id N in input_ids
+            is outside the vocabulary (0 to V-1)".
+    """
+    if ids is None:
+        return
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex():
+        got = f"a {ids.dim()}-D {ids.dtype} tensor" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise InputError(f"{name} must be a (B, T) tensor of integer token ids, got {got}")
+    if ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or (vocab_size is not None and high >= vocab_size):
+        bad = low if low < 0 else high
+        span = f"0 to {vocab_size - 1}" if vocab_size is not None else "ids are >= 0"
+        raise InputError(f"token id {bad} in {name} is outside the vocabulary ({span})")
+
+
 class _ProcessorShim:
     """The two things ``GenerationMixin._get_logits_processor`` / ``_prepare_special_tokens`` read from a model."""
 
@@ -280,6 +304,8 @@ class ExportedGenerator:
         Raises:
             InputError: as :meth:`generate`; ``continuation`` is not ``(B, n)`` with ``n >= 1``.
         """
+        _check_token_ids("input_ids", input_ids, self.manifest.get("vocab_size"))
+        _check_token_ids("continuation", continuation, self.manifest.get("vocab_size"))
         batch = next((v.shape[0] for v in (input_ids, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
         if continuation.dim() != 2 or continuation.shape[1] < 1 or continuation.shape[0] != batch:
             raise InputError(f"continuation must be (B, n) with B = {batch} and n >= 1, got {tuple(continuation.shape)}")
@@ -301,6 +327,7 @@ class ExportedGenerator:
         ``forced[:, t]`` as its token and runs every step; each step's raw logits are appended to ``logits_out``."""
         from transformers.generation.utils import GenerationMixin
 
+        _check_token_ids("input_ids", input_ids, self.manifest.get("vocab_size"))
         shim = _ProcessorShim(self.config)
         if self.is_encoder_decoder:
             encoder_inputs = {k: v for k, v in {"input_ids": input_ids, "attention_mask": attention_mask, **kwargs}.items() if v is not None}
