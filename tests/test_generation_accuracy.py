@@ -121,8 +121,17 @@ def test_int8_executorch_folder_passes_and_records_its_accuracy(checkpoint, tmp_
         ExportedGenerator.from_pretrained(out).score(prompt, torch.tensor([[-1, 3]]))
     with pytest.raises(InputError, match=r"^continuation must be a \(B, T\) tensor of integer token ids, got list$"):
         ExportedGenerator.from_pretrained(out).score(prompt, [[3, 4]])
-    with pytest.raises(InputError, match=r"^input_ids must be a \(B, T\) tensor of integer token ids, got a 1-D torch.int64 tensor$"):
-        ExportedGenerator.from_pretrained(out).generate(torch.tensor([3, 4, 5]), max_new_tokens=2)
+    loaded = ExportedGenerator.from_pretrained(out)
+    for call, message in [
+        (lambda: loaded.generate(torch.tensor([3, 4, 5]), max_new_tokens=2),
+         r"^input_ids must be a \(B, T\) tensor of integer token ids, got a 1-D torch.int64 tensor$"),
+        (lambda: loaded.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2), r"^input_ids has no token: the prompt is empty$"),
+        (lambda: loaded.generate(prompt, attention_mask=torch.ones(1, 4, dtype=torch.long), max_new_tokens=2),
+         r"^attention_mask must have input_ids' shape \(1, 6\), got \(1, 4\)$"),
+        (lambda: loaded.generate(prompt, max_new_tokens=0), r"^max_new_tokens must be an integer of at least 1, got 0$"),
+    ]:
+        with pytest.raises(InputError, match=message):
+            call()
     hfx = subprocess.run([str(cpp_runner.hfx_run()), str(out), "--generate", "--input-ids", "3,4,100", "--max-new-tokens", "4"],
                          capture_output=True, text=True, check=False)
     assert (hfx.returncode, hfx.stderr.strip().splitlines()[-1]) == (1, "error: token id 100 is outside the vocabulary (0 to 63)")

@@ -251,6 +251,8 @@ class ExportedGenerator:
             raise InputError("beam search is not supported by ExportedGenerator (num_beams must be 1)")
         if config.max_new_tokens is None:
             config.max_new_tokens = 20
+        if not isinstance(config.max_new_tokens, int) or config.max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be an integer of at least 1, got {config.max_new_tokens!r}")
         return config
 
     def generate(
@@ -328,6 +330,10 @@ class ExportedGenerator:
         from transformers.generation.utils import GenerationMixin
 
         _check_token_ids("input_ids", input_ids, self.manifest.get("vocab_size"))
+        if input_ids is not None and input_ids.shape[1] == 0:
+            raise InputError("input_ids has no token: the prompt is empty")
+        if attention_mask is not None and input_ids is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise InputError(f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}")
         shim = _ProcessorShim(self.config)
         if self.is_encoder_decoder:
             encoder_inputs = {k: v for k, v in {"input_ids": input_ids, "attention_mask": attention_mask, **kwargs}.items() if v is not None}
