@@ -194,3 +194,37 @@ def test_quantized_generation_refusals(tmp_path, tokenizer, args, message):
     result = CliRunner().invoke(app, ["export", "-m", str(folder), "-o", str(tmp_path / "out"), "--task", "text-generation", *args])
     assert result.exit_code == 1 and result.output.strip() == message
     assert not (tmp_path / "out").exists()
+
+
+def test_compare_eager_on_a_quantized_folder_says_what_was_checked(checkpoint, tmp_path):
+    """Greedy ids of int8/int4 weights may part from float32 eager's: `generate --compare-eager` exits 3
+    as for any difference, and says the folder was checked by next-token accuracy instead."""
+    import typer
+
+    from hf_exporters.cli_generate import register
+
+    _, folder = checkpoint
+    out = tmp_path / "gen"
+    export_generation_folder(folder, "dynamo", out)
+    manifest = json.loads((out / "export.json").read_text())
+    manifest["accuracy"] = {"top1_agreement": 0.95, "mean_kl": 0.01, "ok": True}  # as a quantized folder records it
+    (out / "export.json").write_text(json.dumps(manifest))
+    other = tmp_path / "other"
+    _checkpoint(other, tokenizer=False)
+    model = tf.LlamaForCausalLM.from_pretrained(other)
+    with torch.no_grad():  # another model: other ids
+        model.lm_head.weight.mul_(-1)
+    model.save_pretrained(other)
+    app = typer.Typer()
+    register(app)
+
+    @app.command("noop")
+    def _noop() -> None:  # a second command keeps typer from collapsing the app into one command
+        pass
+
+    result = CliRunner().invoke(app, ["generate", str(out), "--prompt", "hello world", "-n", "6", "--compare-eager", "--model", str(other)])
+    assert result.exit_code == 3, result.output
+    assert "equal to eager generate(): no" in result.output
+    assert result.output.strip().splitlines()[-1] == (
+        "the folder's weights are quantized: its export checked next-token accuracy, not equal ids (export.json accuracy)"
+    )
