@@ -18,13 +18,14 @@ from hf_exporters.pipeline import build_inputs, default_model_path, export_to_fo
 def test_modes_and_group_sizes():
     assert check_quantize("8da4w") == ("8da4w", 32)
     assert check_quantize("8da8w") == ("8da8w", None)
-    assert check_quantize("8da8w", 64) == ("8da8w", 64)
+    assert check_quantize("8da4w", 64) == ("8da4w", 64)
     assert check_quantize(None) == (None, None)
     for args, message in [
         (("int4",), "unknown ExecuTorch quantization 'int4'; choose one of: 8da4w, 8da8w"),
         (("8da4w", 24), "--group-size must be a power of 2 of at least 32 (32, 64, 128, ...: XNNPACK's kernels), got 24"),
         (("8da4w", 16), "--group-size must be a power of 2 of at least 32 (32, 64, 128, ...: XNNPACK's kernels), got 16"),
-        ((None, 32), "--group-size applies to --quantize 8da4w or 8da8w"),
+        ((None, 32), "--group-size applies to --quantize 8da4w"),
+        (("8da8w", 64), "--group-size applies to --quantize 8da4w: XNNPACK runs 8da8w's int8 weights with one scale per output channel only"),
     ]:
         with pytest.raises(InputError) as caught:
             check_quantize(*args)
@@ -190,7 +191,7 @@ def test_group_size_is_for_executorch_only(tmp_path):
     model, inputs = _tiny_bert()
     with pytest.raises(InputError) as caught:
         export_to_folder(model, inputs, "onnx", tmp_path / "out", quantize="int8-dynamic", group_size=32)
-    assert str(caught.value) == "--group-size applies to the executorch backend's --quantize 8da4w or 8da8w, not 'onnx'"
+    assert str(caught.value) == "--group-size applies to the executorch backend's --quantize 8da4w, not 'onnx'"
 
 
 @pytest.fixture(scope="module")

@@ -110,7 +110,7 @@ def export(
         "multiple of --group-size stay float.",
     ),
     group_size: Optional[int] = typer.Option(
-        None, "--group-size", help="executorch --quantize: input features per weight scale (a power of 2, at least 32); default 32 for 8da4w, per channel for 8da8w."
+        None, "--group-size", help="executorch --quantize 8da4w: input features per weight scale (a power of 2, at least 32; default 32). 8da8w is per channel only."
     ),
     qembedding: Optional[str] = typer.Option(
         None,

@@ -77,7 +77,7 @@ class ExecutorchConfig(DynamoConfig):
             dynamic activations, int4 or int8 weights; ``hf_exporters.exporters.executorch_quantize``),
             None for float.
         group_size: input features per weight scale with ``quantize`` (a power of 2, at least 32); None: the mode's
-            default (32 for ``8da4w``, one scale per output channel for ``8da8w``).
+            default (32 for ``8da4w``, one scale per output channel for ``8da8w``, which takes no group size).
         quantize_embeddings: ``"8w"``: every ``nn.Embedding`` table in int8 (one scale per row), looked up
             by ExecuTorch's ``quantized_decomposed::embedding_byte`` kernel; None for float.
         one_program: a generation folder's parts (prefill, decode, encoder) as the methods of one program,

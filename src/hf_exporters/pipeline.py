@@ -120,7 +120,7 @@ def make_config(
         config.quantize_embeddings = check_embedding_quantize(quantize_embeddings)
         quantize = None
     elif group_size is not None:
-        raise InputError(f"--group-size applies to the executorch backend's --quantize 8da4w or 8da8w, not {exporter.name!r}")
+        raise InputError(f"--group-size applies to the executorch backend's --quantize 8da4w, not {exporter.name!r}")
     elif quantize_embeddings is not None:
         raise InputError(f"--qembedding applies to the executorch backend only, not {exporter.name!r}")
     if opset is not None or optimize is not None or quantize is not None:

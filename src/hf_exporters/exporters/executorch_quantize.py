@@ -6,7 +6,8 @@ model (the caller's model is left in float). Two modes, named as optimum-executo
 - ``8da4w``: int8 activations quantized per token at run time, int4 weights with one scale per group of
   ``group_size`` input features (torchao ``Int8DynamicActivationIntxWeightConfig(weight_dtype=int4,
   PerGroup(group_size))``; default group 32).
-- ``8da8w``: the same with int8 weights, one scale per output channel (or per group with ``group_size``).
+- ``8da8w``: the same with int8 weights, one scale per output channel (XNNPACK groups 4-bit weights only:
+  a ``group_size`` is refused).
 
 XNNPACK's partitioner recognises torchao's quantize and dequantize pattern around each ``linear`` and runs
 it as a dynamically quantized fully connected kernel. A linear whose input features are not a multiple of
@@ -52,15 +53,18 @@ def check_quantize(mode: str | None, group_size: int | None = None) -> tuple[str
     """``(mode, group size)`` with the mode's default group size filled in.
 
     Raises:
-        InputError: an unknown mode, a group size without a mode, or a group size that is not a power of 2
-            of at least 32 (XNNPACK's grouped int4 kernels take groups of 32, 64, ...).
+        InputError: an unknown mode, a group size without a mode or with ``8da8w`` (XNNPACK groups 4-bit
+            weights only), or a group size that is not a power of 2 of at least 32 (XNNPACK's grouped int4
+            kernels take groups of 32, 64, ...).
     """
     if mode is None:
         if group_size is not None:
-            raise InputError("--group-size applies to --quantize 8da4w or 8da8w")
+            raise InputError("--group-size applies to --quantize 8da4w")
         return None, None
     if mode not in QUANTIZE_MODES:
         raise InputError(f"unknown ExecuTorch quantization {mode!r}; choose one of: {', '.join(QUANTIZE_MODES)}")
+    if group_size is not None and QUANTIZE_MODES[mode] != 4:
+        raise InputError(f"--group-size applies to --quantize 8da4w: XNNPACK runs {mode}'s int8 weights with one scale per output channel only")
     if group_size is not None and (group_size < 32 or group_size & (group_size - 1)):
         raise InputError(f"--group-size must be a power of 2 of at least 32 (32, 64, 128, ...: XNNPACK's kernels), got {group_size}")
     return mode, group_size if group_size is not None else DEFAULT_GROUP_SIZE[mode]
