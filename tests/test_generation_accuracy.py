@@ -228,3 +228,23 @@ def test_compare_eager_on_a_quantized_folder_says_what_was_checked(checkpoint, t
     assert result.output.strip().splitlines()[-1] == (
         "the folder's weights are quantized: its export checked next-token accuracy, not equal ids (export.json accuracy)"
     )
+
+
+def test_an_encoder_decoder_folder_is_scored_from_its_decoder_start_token(tmp_path):
+    """T5 starts its decoder at token 0 and its generation config asks for beam search: the check
+    scores the decoder from that start token, greedy, and a float folder agrees on every position."""
+    from hf_exporters.generation import export_for_generation
+    from hf_exporters.pipeline import make_config, make_exporter
+
+    torch.manual_seed(0)
+    config = tf.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = tf.T5ForConditionalGeneration(config).eval()
+    ids = torch.tensor([[5, 9, 13, 2, 7]])
+    exporter = make_exporter("dynamo")
+    artifacts = export_for_generation(exporter, model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, make_config(exporter, True, None))
+    model.generation_config.num_beams = 4  # written to the folder's generation_config.json (as bart-large-cnn's)
+    artifacts.save_pretrained(tmp_path / "t5")
+    generator = ExportedGenerator.from_pretrained(tmp_path / "t5")
+    accuracy = measure(model, generator, prompt_ids(_char_tokenizer())[:5])
+    assert (accuracy.top1_agreement, accuracy.positions, accuracy.reference_dtype) == (1.0, 5 * NEW_TOKENS, "float32")
+    assert accuracy.mean_kl < 1e-6

@@ -223,7 +223,7 @@ def _export(
             if manifest.get("accuracy"):
                 accuracy = manifest["accuracy"]
                 typer.echo(
-                    f"next-token accuracy vs eager float32 over {accuracy['positions']} positions of {accuracy['prompts']} prompts: "
+                    f"next-token accuracy vs eager {accuracy.get('reference_dtype', 'float32')} over {accuracy['positions']} positions of {accuracy['prompts']} prompts: "
                     f"top-1 agreement {accuracy['top1_agreement']:.3f}, mean KL {accuracy['mean_kl']:.3g} nats (max {accuracy['max_kl']:.3g})"
                 )
             elif "accuracy" in manifest:

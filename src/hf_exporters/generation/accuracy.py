@@ -1,8 +1,11 @@
-"""Accuracy of a quantized generation folder against the float32 eager model, over a fixed prompt set.
+"""Accuracy of a quantized generation folder against the eager model, over a fixed prompt set.
+
+The reference is the eager model in the checkpoint's dtype, the dtype the parts are exported in (float32
+for a float32 checkpoint; ``reference_dtype`` in the figures).
 
 Element parity does not hold for int8 or int4 weights; what a user of a generative model keeps is which
 token comes next and how sure the model is of it. For every prompt (:data:`PROMPTS`, tokenized by the
-checkpoint's tokenizer, one prompt at a time) the float32 eager model picks :data:`NEW_TOKENS` tokens
+checkpoint's tokenizer, one prompt at a time) the eager model picks :data:`NEW_TOKENS` tokens
 greedily (the argmax of its raw logits), and the folder is run teacher-forced on the same tokens
 (:meth:`ExportedGenerator.score`), so both score the same positions: the token after the prompt and after
 each of the first ``NEW_TOKENS - 1`` chosen tokens. The prefill part scores the first position and the
@@ -46,6 +49,8 @@ class GenerationAccuracy:
     positions: int
     prompts: int
     new_tokens: int
+    #: the eager model's dtype: the checkpoint's (float32 unless it was saved in another)
+    reference_dtype: str = "float32"
 
     @property
     def ok(self) -> bool:
@@ -53,7 +58,7 @@ class GenerationAccuracy:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "metric": "next-token agreement and KL divergence against float32 eager (teacher-forced)",
+            "metric": "next-token agreement and KL divergence against eager in the checkpoint's dtype (teacher-forced)",
             **{k: round(v, 6) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()},
             "thresholds": dict(THRESHOLDS),
             "ok": self.ok,
@@ -98,10 +103,11 @@ def _eager_steps(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, sta
 
 
 def measure(model: torch.nn.Module, generator: ExportedGenerator, prompts: Sequence[torch.Tensor], new_tokens: int = NEW_TOKENS) -> GenerationAccuracy:
-    """Score ``generator``'s folder against ``model`` (float32 eager) on ``prompts`` (each ``(1, T)`` ids).
+    """Score ``generator``'s folder against ``model`` (eager, the checkpoint's dtype) on ``prompts`` (each ``(1, T)`` ids).
 
     Raises:
-        InputError: the folder's model takes other inputs than token ids (an image or audio encoder).
+        InputError: the folder's model takes other inputs than token ids (an image or audio encoder), or
+            an encoder-decoder's generation config names no decoder start token.
         ArtifactRunError: the runtime failed on a part.
     """
     if "encoder" in generator.roles and not generator.is_encoder_decoder:
@@ -111,7 +117,13 @@ def measure(model: torch.nn.Module, generator: ExportedGenerator, prompts: Seque
         encoder_inputs = [i["name"] for i in generator.manifest["parts"][generator.roles["encoder"]]["inputs"]]
         if "input_ids" not in encoder_inputs:
             raise InputError(f"the accuracy check runs text prompts; this folder's encoder takes {encoder_inputs}")
-        start = int(getattr(model.generation_config, "decoder_start_token_id", None) or model.config.decoder_start_token_id)
+        # the token the generator starts the decoder with (``_prepare_special_tokens``: the start token, else BOS)
+        start = generator.generation_config.decoder_start_token_id
+        if start is None:
+            start = generator.generation_config.bos_token_id
+        if start is None:
+            raise InputError("the accuracy check needs the decoder start token: the generation config has no decoder_start_token_id or bos_token_id")
+        start = int(start[0] if isinstance(start, (list, tuple)) else start)
     agree = 0
     positions = 0
     kl_sum = 0.0
@@ -122,13 +134,15 @@ def measure(model: torch.nn.Module, generator: ExportedGenerator, prompts: Seque
         actual = generator.score(ids, chosen, attention_mask=torch.ones_like(ids)).float()
         log_p = torch.log_softmax(expected, dim=-1)
         log_q = torch.log_softmax(actual, dim=-1)
-        kl = (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0).flatten()
+        # a token eager gives no probability adds nothing (0 * log 0 is 0, not NaN)
+        kl = torch.where(torch.isfinite(log_p), log_p.exp() * (log_p - log_q), 0.0).sum(-1).clamp_min(0.0).flatten()
         agree += int((actual.argmax(-1) == expected.argmax(-1)).sum())
         positions += kl.numel()
         kl_sum += float(kl.sum())
         kl_max = max(kl_max, float(kl.max()))
     return GenerationAccuracy(
-        top1_agreement=agree / positions, mean_kl=kl_sum / positions, max_kl=kl_max, positions=positions, prompts=len(prompts), new_tokens=new_tokens
+        top1_agreement=agree / positions, mean_kl=kl_sum / positions, max_kl=kl_max, positions=positions, prompts=len(prompts), new_tokens=new_tokens,
+        reference_dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
     )
 
 

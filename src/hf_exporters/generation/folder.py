@@ -281,7 +281,7 @@ class GenerationArtifacts(dict):
         return {"layout": True, "config": config}
 
 
-def _check_room_for_prompts(prompts: list[torch.Tensor], config: Any) -> None:
+def _check_room_for_prompts(prompts: list[torch.Tensor], config: Any, seq2seq: bool = False) -> None:
     """Refuse an ExecuTorch bound (``max_seq_len``) too short for the accuracy check's longest prompt and
     its decode positions.
 
@@ -294,7 +294,7 @@ def _check_room_for_prompts(prompts: list[torch.Tensor], config: Any) -> None:
 
     bound = config.max_seq_len or UNBOUNDED_DIM_MAX
     longest = max(p.shape[1] for p in prompts)
-    needed = longest + NEW_TOKENS - 1
+    needed = max(longest, NEW_TOKENS + 1) if seq2seq else longest + NEW_TOKENS - 1  # seq2seq: the prompt is the encoder's
     if needed > bound:
         raise InputError(
             f"--max-seq-len {bound} is too short for the accuracy check of a quantized folder: its longest prompt is "
@@ -463,8 +463,13 @@ def export_generation_folder(
     )
     if validate and (quantize is not None or quantize_embeddings is not None):
         # a quantized folder is checked on the tokenized prompts: refuse what cannot run them before loading
-        _check_room_for_prompts(prompt_ids(preprocessor), exporter_config)
+        _check_room_for_prompts(prompt_ids(preprocessor), exporter_config, seq2seq)
     model = load_pretrained(auto, path, f"task {task!r}", allow_random_weights, trust_remote_code)
+    if validate and (quantize is not None or quantize_embeddings is not None) and getattr(model, "main_input_name", "input_ids") != "input_ids":
+        raise InputError(
+            f"the accuracy check of a quantized folder runs text prompts; {type(model).__name__} takes {model.main_input_name} "
+            "(export it unquantized, or with --no-validate)"
+        )
     if preprocessor is not None:
         inputs = dict(preprocessor([prompt], return_tensors="pt"))
     else:

@@ -307,11 +307,12 @@ class ExportedGenerator:
             InputError: as :meth:`generate`; ``continuation`` is not ``(B, n)`` with ``n >= 1``.
         """
         _check_token_ids("input_ids", input_ids, self.manifest.get("vocab_size"))
-        _check_token_ids("continuation", continuation, self.manifest.get("vocab_size"))
+        # an encoder-decoder's vocab_size is its encoder table's; the decoder's may differ (Marian, EncoderDecoderModel)
+        _check_token_ids("continuation", continuation, None if self.is_encoder_decoder else self.manifest.get("vocab_size"))
         batch = next((v.shape[0] for v in (input_ids, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
         if continuation.dim() != 2 or continuation.shape[1] < 1 or continuation.shape[0] != batch:
             raise InputError(f"continuation must be (B, n) with B = {batch} and n >= 1, got {tuple(continuation.shape)}")
-        config = self._prepare_config(int(continuation.shape[1]), None, {"do_sample": False})
+        config = self._prepare_config(int(continuation.shape[1]), None, {"do_sample": False, "num_beams": 1})
         steps: list[torch.Tensor] = []
         self._loop(input_ids, attention_mask, config, kwargs, forced=continuation.long(), logits_out=steps)
         return torch.stack(steps, dim=1)
