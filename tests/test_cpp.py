@@ -19,7 +19,7 @@ import transformers as tf
 
 pytest.importorskip("executorch.runtime", reason="the C++ runner runs ExecuTorch programs: it needs the executorch extra")
 
-from hf_exporters.errors import CppRunnerError  # noqa: E402
+from hf_exporters.errors import CppRunnerError, InputError  # noqa: E402
 from hf_exporters.generation import ExportedGenerator, export_generation_folder  # noqa: E402
 from hf_exporters.pipeline import build_inputs, default_model_path, export_to_folder, load_checkpoint  # noqa: E402
 from hf_exporters.runtime import cpp_runner  # noqa: E402
@@ -132,6 +132,18 @@ def test_int8_embedding_lookups_run_in_the_cpp_runtime(tmp_path):
     result = _hfx_run(folder, "--inputs", tmp_path / "in.safetensors", "--expect", tmp_path / "expected.safetensors", "--atol", "1e-6")
     assert result.returncode == 0, result.stderr
     assert sorted(re.findall(r"^(\S+): max abs diff \S+ ok$", result.stdout, re.M)) == sorted(names)
+    # An index past the table aborts ExecuTorch's quantized embedding kernel (ET_CHECK): both runners refuse it first.
+    for bad, shown in ((512, "512"), (-1, "-1")):
+        wrong = ids.clone()
+        wrong[1, 3] = bad
+        with pytest.raises(InputError) as caught:
+            ExecutorchRunner(folder / "model.pte")({"input_ids": wrong, "attention_mask": inputs["attention_mask"]})
+        assert str(caught.value) == f"input 'input_ids' holds the index {shown}, outside the 512 rows of the embedding table it indexes (valid: 0 to 511)"
+        save_file({"input_ids": wrong, "attention_mask": inputs["attention_mask"].contiguous()}, tmp_path / "wrong.safetensors")
+        result = _hfx_run(folder, "--inputs", tmp_path / "wrong.safetensors")
+        assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+            f"error: {folder / 'model.pte'}: input 0 holds the index {shown}, outside the 512 rows of the embedding table it indexes (valid: 0 to 511)"
+        ), result.stderr
 
 
 def test_a_wrong_expectation_exits_2(minilm_folder, tmp_path):

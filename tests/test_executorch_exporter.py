@@ -1065,3 +1065,34 @@ def test_fix_squeeze_of_nonzero_made_contiguous(tmp_path):
     path = exporter.save(exporter.export(model, inputs), tmp_path / "with")
     (report,) = check_parity(model, exporter.load_runner(path), [inputs], atol=0)
     assert report.ok and report.max_abs_diff == 0
+
+
+class _TwoTables(torch.nn.Module):
+    """``ids`` indexes a 50-row table through a view and a 20-row table directly; ``shifted`` only after an
+    ``add`` (its values are not the table's indices, so it gets no bound); ``scale`` is a float input."""
+
+    def __init__(self):
+        super().__init__()
+        self.words, self.small, self.other = torch.nn.Embedding(50, 8), torch.nn.Embedding(20, 8), torch.nn.Embedding(30, 8)
+
+    def forward(self, scale, ids, shifted):
+        return scale * (self.words(ids.reshape(-1)).reshape(*ids.shape, 8) + self.small(ids) + self.other(shifted + 1))
+
+
+def test_the_runner_refuses_an_index_outside_the_table_it_indexes(tmp_path):
+    """The program records, per input that indexes an embedding table (directly or through a view), the
+    fewest rows among its tables; the runner refuses an index outside them before ``execute``."""
+    from hf_exporters.errors import InputError
+    from hf_exporters.exporters.executorch import embedding_index_bounds
+
+    model = _TwoTables().eval()
+    inputs = {"scale": torch.ones(1), "ids": torch.tensor([[1, 2, 3]]), "shifted": torch.tensor([[4, 5, 6]])}
+    exporter = ExecutorchExporter()
+    result = exporter.run(model, inputs, ExecutorchConfig())
+    assert embedding_index_bounds(result.program.exported_program()) == [1, 20]
+    runner = exporter.load_runner(exporter.save(result.program, tmp_path / "model.pte"))
+    assert runner.index_bounds == {1: 20}
+    torch.testing.assert_close(runner(inputs)[0], model(**inputs), rtol=0, atol=1e-5)
+    with pytest.raises(InputError) as caught:
+        runner({**inputs, "ids": torch.tensor([[1, 20, 3]])})
+    assert str(caught.value) == "input 'ids' holds the index 20, outside the 20 rows of the embedding table it indexes (valid: 0 to 19)"

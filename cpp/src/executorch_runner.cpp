@@ -19,6 +19,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -150,6 +151,14 @@ std::string input_mutations_method(const std::string& method) {
   return method == "forward" ? std::string(kInputMutationsMethod) : std::string(kInputMutationsMethod) + "." + method;
 }
 
+//: the constant method holding [position, rows, ...] for the inputs that index an embedding table
+//: (hf_exporters.exporters.executorch.embedding_index_bounds; "<this>.m" for another method m)
+constexpr const char* kIndexBoundsMethod = "hf_exporters_input_index_bounds";
+
+std::string index_bounds_method(const std::string& method) {
+  return method == "forward" ? std::string(kIndexBoundsMethod) : std::string(kIndexBoundsMethod) + "." + method;
+}
+
 class ExecutorchPart final : public PartRunner {
  public:
   ExecutorchPart(const std::filesystem::path& path, const std::string& method) : path_(path.string()), method_name_(method) {
@@ -176,6 +185,18 @@ class ExecutorchPart final : public PartRunner {
       if (constant->execute() == et::Error::Ok && constant->outputs_size() > 0 && constant->get_output(0).isInt())
         skip_outputs_ = static_cast<size_t>(constant->get_output(0).toInt());
     }
+    const std::string bounds_name = index_bounds_method(method_name_);
+    if (program_->method_meta(bounds_name.c_str()).ok()) {
+      std::vector<std::vector<uint8_t>> scratch;
+      auto constant = load(bounds_name.c_str(), scratch);
+      if (constant->execute() != et::Error::Ok) throw Error(path_ + ": cannot read the constant method '" + bounds_name + "'");
+      for (size_t i = 0; i + 1 < constant->outputs_size(); i += 2) {
+        const et::EValue &position = constant->get_output(i), &rows = constant->get_output(i + 1);
+        if (!position.isInt() || !rows.isInt() || position.toInt() < 0 || rows.toInt() < 1)
+          throw Error(path_ + ": the constant method '" + bounds_name + "' does not hold (position, rows) pairs");
+        index_rows_[static_cast<size_t>(position.toInt())] = rows.toInt();
+      }
+    }
   }
 
   std::vector<std::vector<int64_t>> input_bounds() const override { return bounds_; }
@@ -193,6 +214,7 @@ class ExecutorchPart final : public PartRunner {
       if (static_cast<int64_t>(t.data.size()) != t.numel() * static_cast<int64_t>(element_size(t.dtype)))
         throw Error(path_ + ": input " + std::to_string(next - 1) + " holds the wrong number of bytes for its shape");
       check_bounds(next - 1, t);
+      check_indices(i, t);
       const auto dim = t.shape.size();
       sizes[i].assign(t.shape.begin(), t.shape.end());
       std::vector<et::etensor::TensorImpl::DimOrderType> order(dim);
@@ -247,6 +269,28 @@ class ExecutorchPart final : public PartRunner {
                     " (ExecuTorch plans memory for a dynamic axis up to its export bound: hf-exporters export --max-seq-len raises it)");
   }
 
+  /// Refuse an input that indexes an embedding table when it holds an index outside the table's rows:
+  /// ExecuTorch's quantized embedding kernels abort the process on one (ET_CHECK) instead of failing.
+  void check_indices(size_t position, const Tensor& t) const {
+    auto found = index_rows_.find(position);
+    if (found == index_rows_.end() || t.numel() == 0) return;
+    const int64_t rows = found->second;
+    int64_t bad = 0;
+    bool out = false;
+    auto scan = [&](auto sample) {
+      using T = decltype(sample);
+      const auto* values = reinterpret_cast<const T*>(t.data.data());
+      for (int64_t k = 0; k < t.numel() && !out; ++k)
+        if (values[k] < 0 || static_cast<int64_t>(values[k]) >= rows) out = true, bad = static_cast<int64_t>(values[k]);
+    };
+    if (t.dtype == "int64") scan(int64_t{});
+    else if (t.dtype == "int32") scan(int32_t{});
+    else return;
+    if (out)
+      throw Error(path_ + ": input " + std::to_string(position) + " holds the index " + std::to_string(bad) + ", outside the " + std::to_string(rows) +
+                  " rows of the embedding table it indexes (valid: 0 to " + std::to_string(rows - 1) + ")");
+  }
+
   std::unique_ptr<et::Method> load(const char* name, std::vector<std::vector<uint8_t>>& planned) {
     auto meta = program_->method_meta(name);
     if (!meta.ok()) throw Error(path_ + ": the program has no method '" + std::string(name) + "'");
@@ -288,6 +332,7 @@ class ExecutorchPart final : public PartRunner {
   std::unique_ptr<et::Method> method_;
   std::vector<std::vector<int64_t>> bounds_;  // per tensor input, in run()'s order
   size_t skip_outputs_ = 0;
+  std::map<size_t, int64_t> index_rows_;  // method input position -> rows of the embedding table it indexes
 };
 
 }  // namespace

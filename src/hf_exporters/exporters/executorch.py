@@ -17,7 +17,7 @@ from ..config import ExecutorchConfig
 from ..deps import require
 from ..errors import InputError
 from ..pytree import register_model_pytrees
-from ..runtime.et_runner import input_mutations_method
+from ..runtime.et_runner import index_bounds_method, input_mutations_method
 from ..shapes import size_oblivious_sizes
 from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
 from ..workarounds.executorch.lowering_speed import check_pinned_internals
@@ -30,6 +30,47 @@ from .result import ExportResult, trace_stage_seconds
 def _input_mutation_outputs(exported: torch.export.ExportedProgram) -> int:
     kind = torch.export.graph_signature.OutputKind.USER_INPUT_MUTATION
     return sum(spec.kind == kind for spec in exported.graph_signature.output_specs)
+
+
+#: ops whose output holds only values of their (first) input: an index passed through them still indexes the table
+_VALUE_PRESERVING = ("view", "reshape", "expand", "permute", "squeeze", "unsqueeze", "clone", "_to_copy", "slice", "select", "alias", "flatten")
+
+
+def embedding_index_bounds(exported: torch.export.ExportedProgram) -> list[int]:
+    """``[position, rows, position, rows, ...]``: for every user input that indexes an embedding table
+    (``aten.embedding`` or ExecuTorch's quantized ``embedding_byte`` / ``embedding_4bit``), directly or
+    through ops that only move its values (views, copies, slices), the input's position among the
+    method's inputs and the table's row count. An input indexing several tables gets the fewest rows.
+
+    ExecuTorch's quantized embedding kernels check an index with ``ET_CHECK``, which aborts the whole
+    process on an index outside ``[0, rows)``; the runners read these bounds from the program and refuse
+    such inputs before ``execute`` (:class:`~hf_exporters.runtime.et_runner.ExecutorchRunner`, the C++
+    runner)."""
+    positions: dict[str, int] = {}
+    position = 0
+    for spec in exported.graph_signature.input_specs:
+        if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT:
+            if isinstance(spec.arg, torch.export.graph_signature.TensorArgument):
+                positions[spec.arg.name] = position
+            position += 1
+    bounds: dict[int, int] = {}
+    for node in exported.graph.nodes:
+        name = str(node.target)
+        if node.op != "call_function" or not any(k in name for k in ("aten.embedding.", "embedding_byte", "embedding_4bit")):
+            continue
+        weight = node.args[0]
+        indices = node.args[1] if "aten.embedding." in name else node.args[-1]  # the quantized ops take it last
+        while isinstance(indices, torch.fx.Node) and indices.op == "call_function" and any(k in str(indices.target) for k in _VALUE_PRESERVING):
+            indices = indices.args[0]
+        if not (isinstance(indices, torch.fx.Node) and indices.op == "placeholder" and indices.name in positions):
+            continue
+        value = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
+        if value is None or value.dim() != 2:
+            continue
+        rows = int(value.shape[0])  # a packed 4-bit table packs along its rows' length, not their count
+        at = positions[indices.name]
+        bounds[at] = min(rows, bounds.get(at, rows))
+    return [v for at in sorted(bounds) for v in (at, bounds[at])]
 
 
 class ExecutorchExporter(DynamoExporter):
@@ -244,6 +285,12 @@ class ExecutorchExporter(DynamoExporter):
                     edge._config_methods[input_mutations_method(name)] = _input_mutation_outputs(edge.exported_program(name))
                 if embeddings is not None:
                     self.quantization["embedding_lookups"] = fuse_quantized_embeddings(edge)
+                # The inputs that index an embedding table, with its rows: the runners refuse an index
+                # past them (a quantized embedding kernel aborts the process on one).
+                for name in programs:
+                    bounds = embedding_index_bounds(edge.exported_program(name))
+                    if bounds:
+                        edge._config_methods[index_bounds_method(name)] = bounds
             with stage(self.name, SERIALISATION, shared):
                 manager = edge.to_executorch()
         partitions = delegated_partitions(manager)

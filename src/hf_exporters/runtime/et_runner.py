@@ -146,6 +146,42 @@ def input_mutations_method(method: str) -> str:
     return INPUT_MUTATIONS_METHOD if method == "forward" else f"{INPUT_MUTATIONS_METHOD}.{method}"
 
 
+#: the constant method holding the embedding index bounds of ``forward`` (kept in sync with the C++ runner)
+INDEX_BOUNDS_METHOD = "hf_exporters_input_index_bounds"
+
+
+def index_bounds_method(method: str) -> str:
+    """The constant method holding ``[position, rows, ...]`` for the inputs of ``method`` that index an
+    embedding table (see :func:`hf_exporters.exporters.executorch.embedding_index_bounds`); absent when
+    no input does."""
+    return INDEX_BOUNDS_METHOD if method == "forward" else f"{INDEX_BOUNDS_METHOD}.{method}"
+
+
+def check_index_bounds(flat: list[Any], bounds: dict[int, int], names: list[str] | None = None) -> None:
+    """Refuse an integer input holding an index outside the embedding table it indexes.
+
+    ``flat``: the method's inputs in order; ``bounds``: position -> the table's rows; ``names``: the
+    inputs' names, for the message.
+
+    Raises:
+        InputError: "input 'input_ids' holds the index 40000, outside the 30522 rows of the embedding
+            table it indexes (valid: 0 to 30521)".
+    """
+    from ..errors import InputError
+
+    for position, rows in bounds.items():
+        value = flat[position] if position < len(flat) else None
+        if not isinstance(value, torch.Tensor) or value.numel() == 0 or value.is_floating_point() or value.dtype == torch.bool:
+            continue
+        low, high = int(value.min()), int(value.max())
+        if low < 0 or high >= rows:
+            label = repr(names[position]) if names is not None and position < len(names) else str(position)
+            raise InputError(
+                f"input {label} holds the index {low if low < 0 else high}, outside the {rows} rows of the embedding table "
+                f"it indexes (valid: 0 to {rows - 1})"
+            )
+
+
 def _register_quantized_kernels() -> None:
     """Load ExecuTorch's quantized operator library (``executorch.kernels.quantized``), whose kernels
     (``quantized_decomposed::embedding_byte`` of an ``--qembedding`` program, ...) the wheel's runtime does
@@ -210,6 +246,12 @@ class ExecutorchRunner:
         constant = input_mutations_method(method)
         if constant in self.program.method_names:
             self.skip_outputs = int(self.program.load_method(constant).execute([])[0])
+        #: input position -> rows of the embedding table it indexes (an index past it aborts a quantized kernel)
+        self.index_bounds: dict[int, int] = {}
+        constant = index_bounds_method(method)
+        if constant in self.program.method_names:
+            values = [int(v) for v in self.program.load_method(constant).execute([])]
+            self.index_bounds = dict(zip(values[0::2], values[1::2]))
 
     def for_method(self, method: str) -> "ExecutorchRunner":
         """A runner of another method of the same program, sharing the loaded program (its weights are
@@ -224,11 +266,16 @@ class ExecutorchRunner:
         """Run the method on ``inputs``.
 
         Raises:
+            InputError: an input that indexes an embedding table holds an index outside it (checked
+                before ``execute``: ExecuTorch's quantized embedding kernels abort the process on one).
             RuntimeError: the runtime refused the inputs or a kernel failed; the message carries the
                 runtime's own log lines that name the failing instruction and operator ("KernelCall
                 failed at instruction 0:74 in operator aten::_upsample_bilinear2d_aa.out: 0x12").
         """
         flat = flat_inputs(inputs)
+        if self.index_bounds:
+            names = list(inputs) if all(isinstance(v, torch.Tensor) for v in inputs.values()) else None
+            check_index_bounds(flat, self.index_bounds, names)
         if self._log is None:
             import tempfile
 
