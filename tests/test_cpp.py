@@ -24,6 +24,7 @@ from hf_exporters.generation import ExportedGenerator, export_generation_folder 
 from hf_exporters.pipeline import build_inputs, default_model_path, export_to_folder, load_checkpoint  # noqa: E402
 from hf_exporters.runtime import cpp_runner  # noqa: E402
 from hf_exporters.runtime.compare import eager_outputs  # noqa: E402
+from hf_exporters.runtime.et_runner import ExecutorchRunner  # noqa: E402
 
 BUILD = cpp_runner.build_dir()
 if not (BUILD / "hfx-run").is_file():
@@ -88,8 +89,6 @@ def test_minilm_forward_equals_eager_and_the_python_runtime(minilm_folder):
     assert set(diffs) == set(expected) and max(diffs.values()) <= ATOL, result.stdout
     from safetensors.torch import load_file
 
-    from hf_exporters.runtime.et_runner import ExecutorchRunner
-
     cpp = load_file(out)
     python = ExecutorchRunner(folder / "model.pte")(inputs)
     for name, tensor in zip(expected, python):
@@ -114,8 +113,6 @@ def test_int8_embedding_lookups_run_in_the_cpp_runtime(tmp_path):
     quantized library, not of the runtime in _portable_lib: hfx-run links that library, and its outputs equal
     the Python runtime's."""
     from safetensors.torch import save_file
-
-    from hf_exporters.runtime.et_runner import ExecutorchRunner
 
     torch.manual_seed(0)
     config = tf.BertConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, max_position_embeddings=16)
@@ -223,7 +220,17 @@ def test_the_parts_are_the_methods_of_one_program(llama_generation):
         "model.pte", ["prefill", "decode"], ["lowering (to_edge_transform_and_lower)", "serialisation (to_executorch)"])
     assert all(part["export_seconds"] < sum(program["stage_seconds"].values()) + part["stage_seconds"]["trace (torch.export.export)"] for part in manifest["parts"].values())
     plans = sorted(plan.name for plan in deserialize_pte_binary((folder / "model.pte").read_bytes()).program.execution_plan)
-    assert plans == ["decode", "hf_exporters_input_mutation_outputs.decode", "hf_exporters_input_mutation_outputs.prefill", "prefill"]
+    assert plans == [
+        "decode",
+        "hf_exporters_input_index_bounds.decode",
+        "hf_exporters_input_index_bounds.prefill",
+        "hf_exporters_input_mutation_outputs.decode",
+        "hf_exporters_input_mutation_outputs.prefill",
+        "prefill",
+    ]
+    # input_ids (the first input of each method) indexes the 96-row token table
+    runner = ExecutorchRunner(folder / "model.pte", "decode")
+    assert (runner.index_bounds, runner.for_method("prefill").index_bounds) == ({0: 96}, {0: 96})
 
 
 def test_cpp_greedy_ids_equal_eager_generate(llama_generation):
