@@ -313,3 +313,60 @@ def test_edge_operator_table_parsed_by_the_c_parser():
     fast = YAML(typ="safe")
     assert fast.Parser.__module__.startswith(("_ruamel_yaml", "ruamel.yaml.clib"))
     assert fast.load(text) == YAML(typ="safe", pure=True).load(text)
+
+
+# ── the edge verifier's dtype check, from the nodes' recorded values ──
+DTYPES = "_patch_edge_dtype_check_reads_metadata"
+
+
+class AddBlock(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x + y).tanh()
+
+
+def _edge_graph(int_y: bool = False) -> torch.fx.GraphModule:
+    """The edge graph of ``AddBlock``; with ``int_y`` its input ``y`` is recorded as int64, so the float
+    ``add`` takes mixed dtypes, which the edge dialect forbids."""
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    x = torch.randn(2, 3)
+    program = to_edge(torch.export.export(AddBlock(), (x, x)), compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    gm = program.exported_program().graph_module
+    if int_y:
+        y = [n for n in gm.graph.nodes if n.op == "placeholder"][1]
+        fake = y.meta["val"]
+        with fake.fake_mode:
+            y.meta["val"] = fake.to(torch.int64)
+    return gm
+
+
+def test_dtype_check_reads_recorded_values_and_raises_executorchs_own_error(monkeypatch):
+    from executorch.exir.verification import arg_validator, verifier
+
+    original = verifier._check_tensor_args_matching_op_allowed_dtype
+    runs = []
+    run = arg_validator.EdgeOpArgValidator.run
+    monkeypatch.setattr(arg_validator.EdgeOpArgValidator, "run", lambda self, *a, **k: runs.append(1) or run(self, *a, **k))
+    check = lowering_speed._patch_edge_dtype_check_reads_metadata(original)
+    assert check(_edge_graph()) is None and runs == []  # a valid graph: no fake run of its operators
+    with pytest.raises(Exception) as expected:
+        original(_edge_graph(int_y=True))
+    with pytest.raises(type(expected.value)) as caught:
+        check(_edge_graph(int_y=True))
+    assert "These operators are taking Tensor inputs with mismatched dtypes" in str(caught.value)
+    assert str(caught.value) == str(expected.value) and len(runs) == 2  # the invalid graph: ExecuTorch's own run and message
+
+
+def test_program_the_same_with_dtypes_read_from_metadata(monkeypatch):
+    from executorch.exir.verification import arg_validator
+
+    runs = []
+    run = arg_validator.EdgeOpArgValidator.run
+    monkeypatch.setattr(arg_validator.EdgeOpArgValidator, "run", lambda self, *a, **k: runs.append(1) or run(self, *a, **k))
+    buffer = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig()).buffer
+    patched_runs = len(runs)
+    with without_workarounds(DTYPES):
+        plain = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig()).buffer
+    assert buffer == plain
+    assert patched_runs < len(runs) - patched_runs, (patched_runs, len(runs))  # most fake runs are gone
+    _check_parity(buffer)
