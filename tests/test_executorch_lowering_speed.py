@@ -370,3 +370,62 @@ def test_program_the_same_with_dtypes_read_from_metadata(monkeypatch):
     assert buffer == plain
     assert patched_runs < len(runs) - patched_runs, (patched_runs, len(runs))  # most fake runs are gone
     _check_parity(buffer)
+
+
+# ── to_executorch's auto_functionalized removal, only where such a call is ──
+AUTO_FUNCTIONALIZED = "_patch_auto_functionalized_removal_only_where_present"
+
+
+def test_program_the_same_with_the_removal_skipped():
+    buffer = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig()).buffer
+    with without_workarounds(AUTO_FUNCTIONALIZED):
+        plain = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig()).buffer
+    assert buffer == plain
+    _check_parity(buffer)
+
+
+@torch.library.custom_op("hf_exporters_test::add_one_", mutates_args=("x",))
+def _add_one_(x: torch.Tensor) -> None:
+    x.add_(1)
+
+
+class MutatingBlock(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        _add_one_(y)
+        return y * 2
+
+
+def test_a_program_with_auto_functionalized_calls_gets_torchs_removal():
+    program = torch.export.export(MutatingBlock(), (torch.ones(3),)).run_decompositions({})
+    called = []
+    remove = lowering_speed._patch_auto_functionalized_removal_only_where_present(lambda p: called.append(p) or p)
+    assert lowering_speed._holds_auto_functionalized(program)
+    assert remove(program) is program and called == [program]
+    plain = torch.export.export(ConvBlock().eval(), (), _inputs()).run_decompositions({})
+    assert not lowering_speed._holds_auto_functionalized(plain)
+    assert remove(plain) is plain and called == [program]  # done without torch's function
+
+
+def test_first_export_in_a_process_does_not_load_inductor():
+    """The module torch's removal lives in (it imports inductor's lowering) is never loaded by an export of a
+    program without auto_functionalized calls; the stand-in loads it on first use of any other attribute."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from hf_exporters import ExecutorchConfig, ExecutorchExporter\n"
+        "ExecutorchExporter().export(torch.nn.Linear(4, 3).eval(), {'input': torch.ones(2, 4)}, ExecutorchConfig())\n"
+        "name = 'torch.export._remove_auto_functionalized_pass'\n"
+        "print('inductor' if 'torch._inductor.fx_passes.post_grad' in sys.modules else 'no inductor')\n"
+        "print(getattr(sys.modules[name], '__doc__', ''))\n"
+        "print(sys.modules[name].remove_self_clone.__module__, 'torch._inductor.fx_passes.post_grad' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[-3:] == [
+        "no inductor",
+        "torch.export._remove_auto_functionalized_pass, loaded on its first use (hf_exporters)",
+        "torch.export._remove_auto_functionalized_pass True",
+    ]

@@ -20,7 +20,7 @@ from ..pytree import register_model_pytrees
 from ..runtime.et_runner import index_bounds_method, input_mutations_method
 from ..shapes import size_oblivious_sizes
 from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
-from ..workarounds.executorch.lowering_speed import check_pinned_internals
+from ..workarounds.executorch.lowering_speed import check_pinned_internals, defer_auto_functionalized_module
 from ._common import normalize_inputs, stage
 from .executorch_quantize import check_embedding_quantize, check_quantize, fuse_quantized_embeddings, quantize_embeddings, quantize_linears
 from .dynamo import DynamoExporter
@@ -197,6 +197,7 @@ class ExecutorchExporter(DynamoExporter):
                         f"{getattr(method_config, field)!r} for {name!r}"
                     )
         self.quantization = None
+        defer_auto_functionalized_module()  # before executorch.exir imports it (see lowering_speed)
         exir = require("executorch.exir", "The ExecuTorch exporter")
         scope = f"executorch.{first.backend}"
         seconds: dict[str, dict[str, float]] = {name: {} for name in methods}  # Stages 1-2 and the trace

@@ -18,7 +18,11 @@ fails naming the stage when the version differs or a hooked internal has moved.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import importlib.util
+import sys
+import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -53,6 +57,7 @@ KNOWN_XNNPACK_PASSES = (
 
 _STAGE = "Stage 3: ExecuTorch patches"
 _PINNED = (
+    "_patch_auto_functionalized_removal_only_where_present",
     "_patch_edge_dtype_check_reads_metadata",
     "_patch_xnnpack_passes_skip_absent_operators",
     "_patch_no_third_decomposition_when_nothing_is_left",
@@ -257,6 +262,88 @@ def _patch_edge_passes_skip_absent_operators(original: Any) -> Any:
         return pre, post
 
     return passes
+
+
+# ── the auto_functionalized removal of to_executorch ─────────────────────────
+
+#: the torch module whose import brings in inductor's lowering and pattern matcher (about 0.5 s, once
+#: per process); ExecuTorch imports it for one function, which the patch below calls only when needed
+DEFERRED_MODULE = "torch.export._remove_auto_functionalized_pass"
+
+
+def defer_auto_functionalized_module() -> None:
+    """Make :data:`DEFERRED_MODULE` load on first use instead of when ``executorch.exir`` imports it.
+
+    Installs a stand-in module: its ``unsafe_remove_auto_functionalized_pass`` loads the real module on
+    its first call and calls the real function; any other attribute loads the real module too. Nothing
+    happens when the module is already loaded. The exporter calls this before importing
+    ``executorch.exir``; with :func:`_patch_auto_functionalized_removal_only_where_present` a program
+    without ``auto_functionalized`` calls never loads the module (nor inductor)."""
+    if DEFERRED_MODULE in sys.modules:
+        return
+    stand_in = types.ModuleType(DEFERRED_MODULE, f"{DEFERRED_MODULE}, loaded on its first use (hf_exporters)")
+
+    def load() -> types.ModuleType:
+        if sys.modules.get(DEFERRED_MODULE) is stand_in:
+            del sys.modules[DEFERRED_MODULE]
+        return importlib.import_module(DEFERRED_MODULE)
+
+    def unsafe_remove_auto_functionalized_pass(program: Any) -> Any:
+        return load().unsafe_remove_auto_functionalized_pass(program)
+
+    def attribute(name: str) -> Any:  # PEP 562: called for what the stand-in does not hold
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)  # module scans (inspect.getmodule reads every module's dunders) do not load it
+        return getattr(load(), name)
+
+    spec = importlib.util.find_spec(DEFERRED_MODULE)
+    stand_in.__file__ = spec.origin if spec is not None else None
+    stand_in.unsafe_remove_auto_functionalized_pass = unsafe_remove_auto_functionalized_pass  # type: ignore[attr-defined]
+    stand_in.__getattr__ = attribute  # type: ignore[method-assign]
+    sys.modules[DEFERRED_MODULE] = stand_in
+
+
+def _holds_auto_functionalized(program: torch.export.ExportedProgram) -> bool:
+    from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
+
+    return any(node.op == "call_function" and node.target in (auto_functionalized, auto_functionalized_v2) for node in _all_nodes(program.graph_module))
+
+
+@register_patch("executorch", "executorch.exir.program._program.unsafe_remove_auto_functionalized_pass", stage=_STAGE)
+def _patch_auto_functionalized_removal_only_where_present(original: Any) -> Any:
+    """``to_executorch`` calls torch's ``auto_functionalized`` removal only on a program that holds such a call.
+
+    Pattern: every program serialised by ExecuTorch. ``to_executorch`` passes each program through
+    ``torch.export``'s ``unsafe_remove_auto_functionalized_pass``, which turns ``auto_functionalized``
+    calls (custom operators that mutate their inputs) back into the in-place operator, then drops
+    ``copy_`` of a tensor onto itself and dead code. Its module imports inductor's pattern matcher and
+    lowering for that first step, about 0.5 s of the first export in a process (the largest single cost
+    of a tiny Llama's first export after ExecuTorch's own import). On a program without such a call the
+    patch does the two other steps itself (self copies replaced by their source, dead code eliminated,
+    under the program's signature hook as torch does), and the module is never loaded
+    (:func:`defer_auto_functionalized_module`); a program with one gets torch's function. The ``.pte``
+    is byte-identical (tested).
+    Models: every model lowered to ExecuTorch; programs with ``auto_functionalized`` calls (custom
+        mutating operators) take torch's path.
+    Upstream: pytorch/pytorch torch/export/_remove_auto_functionalized_pass.py (imports
+        ``torch._inductor.fx_passes.post_grad`` at module level) and pytorch/executorch
+        exir/program/_program.py (imports it at module level); no upstream report found.
+    Remove when: either import becomes lazy (checked: executorch 1.4 by :data:`SUPPORTED_EXECUTORCH`).
+    """
+
+    def remove(program: Any) -> Any:
+        if _holds_auto_functionalized(program):
+            return original(program)
+        graph = program.graph
+        with program.graph_module._set_replace_hook(program.graph_signature.get_replace_hook()):
+            for node in list(graph.nodes):
+                if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0] is node.args[1]:
+                    node.replace_all_uses_with(node.args[0])
+                    graph.erase_node(node)
+            graph.eliminate_dead_code()
+        return program
+
+    return remove
 
 
 # ── the edge verifier's dtype check ─────────────────────────────────────────
