@@ -7,7 +7,9 @@ model loading, so one-time work (XNNPACK's pattern graphs, first-call caches) co
 
 - ``executorch``: ``ExecutorchExporter`` (xnnpack), first export and a second one in the same process;
 - ``executorch without``: the same with the workarounds named by ``--without`` left out (default: this
-  round's: the edge verifier's dtype check reading the nodes' recorded values; the earlier rounds' were
+  round's two: the edge verifier's dtype check reading the nodes' recorded values, and torch's
+  ``auto_functionalized`` removal (with the inductor import it brings) left to programs holding such a
+  call; the earlier rounds' were
   the lazily built XNNPACK pattern graphs, the shared provenance records and the skipped edge-conversion
   passes, ``--without`` names any of them);
 - ``onnx``: ``OnnxExporter`` on the same model and inputs (the issue's "at most 3x our ONNX export").
@@ -33,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _timing import write_results  # noqa: E402
 
-WITHOUT = "_patch_edge_dtype_check_reads_metadata"
+WITHOUT = "_patch_edge_dtype_check_reads_metadata,_patch_auto_functionalized_removal_only_where_present"
 
 CHILD = r"""
 import hashlib, json, os, sys, time, warnings
