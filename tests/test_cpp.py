@@ -250,6 +250,37 @@ def test_cpp_greedy_ids_equal_eager_generate(llama_generation):
     assert bound_ids == eager[0].tolist() and new_tokens == 8
 
 
+@pytest.fixture(scope="module")
+def llama_program_cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cpp-program-cache")
+    model = _tiny_llama_checkpoint(root / "ckpt")
+    folder = root / "gen-pte"
+    export_generation_folder(root / "ckpt", "executorch", folder, kv_cache="program", max_seq_len=24)
+    return model, folder
+
+
+def test_cpp_drives_the_cache_held_in_the_program_by_position(llama_program_cache):
+    """``--kv-cache program``: hfx-run feeds the prompt at positions 0..T-1, then each new token at the next
+    position, with no cache tensor in or out; its ids equal eager's, a second prompt starts afresh, and a
+    request past the cache's positions is refused before anything runs."""
+    model, folder = llama_program_cache
+    module = cpp_runner.load_module()
+    for prompt in ([5, 17, 33, 2, 71, 9], [40, 3, 3]):
+        with torch.no_grad():
+            eager = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=8, do_sample=False)
+        result = _hfx_run(folder, "--generate", "--input-ids", ",".join(map(str, prompt)), "--max-new-tokens", 8)
+        assert result.returncode == 0, result.stderr
+        ids = [int(i) for i in re.search(r"^ids: (\S+)$", result.stdout, re.M).group(1).split(",")]
+        assert ids == eager[0].tolist() and len(set(ids[len(prompt):])) > 1
+        bound_ids, new_tokens, _ = module.generate_greedy(str(folder), prompt, 8)
+        assert bound_ids == eager[0].tolist() and new_tokens == 8
+    result = _hfx_run(folder, "--generate", "--input-ids", ",".join(["1"] * 20), "--max-new-tokens", 8)
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+        "error: prompt of 20 tokens and 8 new tokens need 27 positions, this folder was exported for at most 24 "
+        "(re-export with hf-exporters export --max-seq-len 27 or more, or ask for at most 5 new tokens)"
+    ), result.stderr
+
+
 def test_generator_with_the_cpp_runtime_equals_the_python_runtime(llama_generation):
     model, folder = llama_generation
     inputs = {"input_ids": torch.tensor([[5, 17, 33, 2, 71, 9], [0, 0, 4, 8, 15, 16]]), "attention_mask": torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])}

@@ -115,6 +115,9 @@ Manifest read_manifest(const fs::path& directory) {
         if (entry.contains("cache") && entry["cache"].is_object()) {
           p.cache_kind = entry["cache"].value("kind", std::string());
           p.cache_layers = entry["cache"].value("layers", 0);
+          p.max_cache_len = entry["cache"].value("max_cache_len", static_cast<int64_t>(-1));
+          if (p.cache_kind == "program" && p.max_cache_len < 1)
+            throw Error(part_where + ": a cache held in the program needs a 'max_cache_len' of at least 1");
         }
         m.parts.emplace(name, std::move(p));
       }

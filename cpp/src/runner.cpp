@@ -114,8 +114,17 @@ std::string too_long(const std::string& what, int64_t limit, int64_t positions, 
 Generator::Generator(const Manifest& manifest) {
   if (manifest.kind != "generation") throw Error(manifest.directory.string() + ": not a generation folder (export it with --task text-generation)");
   if (manifest.is_encoder_decoder) throw Error(manifest.directory.string() + ": encoder-decoder generation is not supported by hfx yet (decoder-only folders are)");
-  const Part& prefill = manifest.part_with_role("prefill");
   const Part& decode = manifest.part_with_role("decode");
+  vocab_size_ = manifest.vocab_size;
+  if (decode.cache_kind == "program" && manifest.parts.size() == 1) {
+    // the program holds the cache: one method runs the prompt at positions 0..T-1, then each new token
+    prefill_ = &decode;
+    decode_runner_ = load_part(manifest, decode);
+    in_program_ = true;
+    program_limit_ = decode.max_cache_len;
+    return;
+  }
+  const Part& prefill = manifest.part_with_role("prefill");
   if (decode.cache_kind != "dynamic" || manifest.parts.size() != 2)
     throw Error(manifest.directory.string() + ": only folders of a prefill and a decode part over a dynamic cache are supported by hfx yet (this one: cache '" + decode.cache_kind + "', " + std::to_string(manifest.parts.size()) + " parts)");
   prefill_ = &prefill;
@@ -123,7 +132,6 @@ Generator::Generator(const Manifest& manifest) {
   decode_runner_ = load_part(manifest, decode);
   prefill_limit_ = smaller_known(input_bound(prefill, *prefill_runner_, "input_ids", 1), input_bound(prefill, *prefill_runner_, "attention_mask", 1));
   decode_limit_ = input_bound(decode, *decode_runner_, "attention_mask", 1);  // a mask over every position so far
-  vocab_size_ = manifest.vocab_size;
 }
 
 GenerationResult Generator::generate(const std::vector<int64_t>& prompt, int max_new_tokens, int64_t eos_token_id) {
@@ -143,6 +151,7 @@ GenerationResult Generator::generate(const std::vector<int64_t>& prompt, int max
     throw Error(too_long("prompt of " + std::to_string(length) + " tokens and " + std::to_string(max_new_tokens) + " new tokens need " +
                              std::to_string(positions) + " positions",
                          decode_limit_, positions, ", or ask for at most " + std::to_string(decode_limit_ - length + 1) + " new tokens"));
+  if (in_program_) return generate_in_program(prompt, max_new_tokens, eos_token_id);
   GenerationResult result;
   result.ids = prompt;
   const auto started = std::chrono::steady_clock::now();
@@ -158,6 +167,42 @@ GenerationResult Generator::generate(const std::vector<int64_t>& prompt, int max
     feed.push_back(make_int64({1, static_cast<int64_t>(result.ids.size())}, std::vector<int64_t>(result.ids.size(), 1)));
     for (size_t i = 1; i < outputs.size(); ++i) feed.push_back(std::move(outputs[i]));
     outputs = decode_runner_->run(feed);
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return result;
+}
+
+namespace {
+
+std::vector<int64_t> positions_from(int64_t start, int64_t count) {
+  std::vector<int64_t> positions(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) positions[static_cast<size_t>(i)] = start + i;
+  return positions;
+}
+
+}  // namespace
+
+GenerationResult Generator::generate_in_program(const std::vector<int64_t>& prompt, int max_new_tokens, int64_t eos_token_id) {
+  const int64_t length = static_cast<int64_t>(prompt.size());
+  const int64_t positions = length + max_new_tokens - 1;
+  if (program_limit_ > 0 && length > program_limit_)
+    throw Error(too_long("prompt of " + std::to_string(length) + " tokens", program_limit_, positions));
+  if (program_limit_ > 0 && positions > program_limit_)
+    throw Error(too_long("prompt of " + std::to_string(length) + " tokens and " + std::to_string(max_new_tokens) + " new tokens need " +
+                             std::to_string(positions) + " positions",
+                         program_limit_, positions, ", or ask for at most " + std::to_string(program_limit_ - length + 1) + " new tokens"));
+  GenerationResult result;
+  result.ids = prompt;
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<Tensor> outputs = decode_runner_->run({make_int64({1, length}, prompt), make_int64({length}, positions_from(0, length))});
+  for (int step = 0; step < max_new_tokens; ++step) {
+    if (outputs.empty()) throw Error(prefill_->file.string() + ": returned no logits");
+    const int64_t token = argmax_last(outputs[0]);
+    result.ids.push_back(token);
+    ++result.new_tokens;
+    if (token == eos_token_id || step + 1 == max_new_tokens) break;
+    const int64_t position = static_cast<int64_t>(result.ids.size()) - 1;
+    outputs = decode_runner_->run({make_int64({1, 1}, {token}), make_int64({1}, {position})});
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;

@@ -118,6 +118,13 @@ def export(
         help="executorch: 8w (every embedding table in int8, one scale per row; ExecuTorch's quantized embedding kernel). "
         "Checked like --quantize; needs a tokenizer.",
     ),
+    kv_cache: str = typer.Option(
+        "io",
+        "--kv-cache",
+        help="text-generation with executorch: io (the cache is an input and output of every step) | program (one method "
+        "holding the key/value cache as mutable buffers, batch 1, --max-seq-len positions, driven by position as "
+        "ExecuTorch's LLM runner drives it).",
+    ),
     on_static_axis: _OnStaticAxis = typer.Option(
         "warn", "--on-static-axis", help="With --dynamic, an axis that ends static (fixed by the trace or pinned by a guard): warn | error."
     ),
@@ -152,6 +159,8 @@ def export(
         raise typer.BadParameter(f"{quantize!r} is not one of {', '.join(modes)}", param_hint="'--quantize'")
     if qembedding is not None and qembedding not in EMBEDDING_MODES:
         raise typer.BadParameter(f"{qembedding!r} is not one of {', '.join(EMBEDDING_MODES)}", param_hint="'--qembedding'")
+    if kv_cache not in ("io", "program"):
+        raise typer.BadParameter(f"{kv_cache!r} is not one of io, program", param_hint="'--kv-cache'")
     if opset is not None and backend == "onnx":
         try:
             check_opset(opset)
@@ -162,7 +171,7 @@ def export(
         with interrupts.handled():
             _export(
                 model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights,
-                _OnStaticAxis(on_static_axis).value, opset, optimize, quantize, trust_remote_code, dtype, group_size, qembedding,
+                _OnStaticAxis(on_static_axis).value, opset, optimize, quantize, trust_remote_code, dtype, group_size, qembedding, kv_cache,
             )
     except interrupts.Interrupted as stop:
         _fail(f"{stop}; nothing was written to {output}", stop.exit_code)
@@ -189,6 +198,7 @@ def _export(
     dtype: Optional[str] = None,
     group_size: Optional[int] = None,
     qembedding: Optional[str] = None,
+    kv_cache: str = "io",
 ) -> None:
     from .checkpoints import resolve_model
     from .errors import HfExportersError, InputError
@@ -206,6 +216,10 @@ def _export(
         check_output_folder(output, overwrite, source=path)
         if aoti and backend != "dynamo":
             raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
+        if kv_cache != "io" and task != "text-generation":
+            raise InputError(f"--kv-cache applies to --task text-generation exports, not {task or 'a single export'!r}")
+        if kv_cache == "program" and backend != "executorch":
+            raise InputError(f"--kv-cache program holds the cache in an ExecuTorch program; use --backend executorch, not {backend!r}")
         if task in ("text-generation", "text2text-generation"):
             from .generation import export_generation_folder
 
@@ -217,6 +231,7 @@ def _export(
                 path, backend, output, recipe=recipe, validate=validate, overwrite=overwrite, aoti=aoti,
                 allow_random_weights=allow_random_weights, max_seq_len=max_seq_len, opset=opset, optimize=optimize,
                 trust_remote_code=trust_remote_code, quantize=quantize, group_size=group_size, quantize_embeddings=qembedding,
+                kv_cache=kv_cache,
             )
             parts = ", ".join(f"{name} ({part['file']})" for name, part in manifest["parts"].items())
             typer.echo(f"exported {manifest['model_class']} for generation with {backend} to {output}: {parts}")

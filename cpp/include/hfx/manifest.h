@@ -28,8 +28,9 @@ struct Part {
   bool named_method = false;        // whether the manifest names the method (parts sharing a file must)
   std::vector<TensorSpec> inputs;
   std::vector<std::string> outputs;
-  std::string cache_kind;  // "dynamic", "static", "encoder_decoder" or "" (no cache)
+  std::string cache_kind;  // "dynamic", "static", "program" (held in the program), "encoder_decoder" or "" (no cache)
   int cache_layers = 0;
+  int64_t max_cache_len = -1;  // static and program caches: the positions the cache holds
 };
 
 struct Manifest {

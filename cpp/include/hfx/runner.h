@@ -60,6 +60,11 @@ class Generator {
   GenerationResult generate(const std::vector<int64_t>& prompt, int max_new_tokens, int64_t eos_token_id = -1);
 
  private:
+  /// A folder whose one part holds its key/value cache (cache kind "program"): the prompt runs at positions
+  /// 0..T-1, each new token at the next position, with no cache tensor in or out.
+  GenerationResult generate_in_program(const std::vector<int64_t>& prompt, int max_new_tokens, int64_t eos_token_id);
+  bool in_program_ = false;
+  int64_t program_limit_ = -1;  // the positions the program's cache holds (max_cache_len)
   const Part* prefill_ = nullptr;
   std::unique_ptr<PartRunner> prefill_runner_, decode_runner_;
   int64_t prefill_limit_ = -1;  // the longest prompt the prefill part takes (-1: the runtime does not say)
@@ -68,7 +73,7 @@ class Generator {
 };
 
 /// Greedy generation from a decoder-only generation folder (prefill and decode parts over a dynamic
-/// cache): `prompt` token ids, up to `max_new_tokens` new ones (stops early at `eos_token_id` >= 0).
+/// cache, or one part holding its cache in the program): `prompt` token ids, up to `max_new_tokens` new ones (stops early at `eos_token_id` >= 0).
 /// Throws hfx::Error for a folder of another kind (encoder-decoder, static cache), an empty prompt, or,
 /// before running anything, a prompt (or prompt and new tokens) longer than the parts were exported for,
 /// or a token id outside the vocabulary (a quantized embedding kernel would abort the process on it).

@@ -31,7 +31,7 @@ from ..shapes import tensor_leaves
 from .accuracy import NEW_TOKENS, check_generation_accuracy, prompt_ids
 from .generator import ExportedGenerator, load_part_runners
 from .manifest import GENERATION_SCHEMA_VERSION
-from .parts import GenerationPart, build_parts, relaxed_shapes
+from .parts import KV_CACHE_LAYOUTS, GenerationPart, build_parts, program_cache_parts, relaxed_shapes
 
 #: relative part of a part's parity tolerance: outputs may differ by ``atol + PARITY_RTOL * max|eager output|``
 PARITY_RTOL = 1e-5
@@ -332,7 +332,9 @@ def _widen_batch(inputs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (v.repeat(2, *([1] * (v.dim() - 1))) if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == 1 else v) for k, v in inputs.items()}
 
 
-def export_for_generation(exporter: Any, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any = None, generation_config: Any = None) -> GenerationArtifacts:
+def export_for_generation(
+    exporter: Any, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any = None, generation_config: Any = None, kv_cache: str = "io"
+) -> GenerationArtifacts:
     """Export each part of ``model``'s generation loop with ``exporter`` (dynamic batch, sequence and cache axes).
 
     Args:
@@ -342,6 +344,10 @@ def export_for_generation(exporter: Any, model: torch.nn.Module, inputs: Mapping
         config: the exporter's config (``dynamic_shapes`` is set per part; other fields are kept).
         generation_config: optional ``GenerationConfig``; ``cache_implementation="static"`` with
             ``max_cache_len`` exports the static-cache decode graph.
+        kv_cache: ``"io"`` (the cache tensors are inputs and outputs of each step) or ``"program"``
+            (ExecuTorch, decoder-only: one method whose key/value cache is held in the program as mutable
+            buffers, for batch 1 and ``config.max_seq_len`` positions (default 128), driven by position;
+            see :func:`~hf_exporters.generation.parts.program_cache_parts`).
 
     A batch of 1 in ``inputs`` is repeated to a batch of 2 for the trace (see :func:`_widen_batch`);
     the graphs take any batch size.
@@ -357,8 +363,18 @@ def export_for_generation(exporter: Any, model: torch.nn.Module, inputs: Mapping
         InputError: ``generate()`` cannot run on ``inputs`` or the model kind is not supported.
         ExportStageError: exporting a part failed (the message names the stage).
     """
-    parts = build_parts(model, _widen_batch(inputs), generation_config)
     base = config if config is not None else exporter.config_class()
+    if kv_cache not in KV_CACHE_LAYOUTS:
+        raise InputError(f"unknown --kv-cache {kv_cache!r}; choose one of: {', '.join(KV_CACHE_LAYOUTS)}")
+    if kv_cache == "program":
+        if exporter.name != "executorch":
+            raise InputError(f"--kv-cache program holds the cache in an ExecuTorch program; use --backend executorch, not {exporter.name!r}")
+        from ..workarounds.executorch.fx_program_fixes import UNBOUNDED_DIM_MAX
+
+        model.eval()
+        parts = program_cache_parts(model, inputs, getattr(base, "max_seq_len", None) or UNBOUNDED_DIM_MAX)
+    else:
+        parts = build_parts(model, _widen_batch(inputs), generation_config)
     artifacts: dict[str, Any] = {}
     axes: dict[str, Any] = {}
     seconds: dict[str, float] = {}
@@ -422,12 +438,16 @@ def export_generation_folder(
     quantize: str | None = None,
     group_size: int | None = None,
     quantize_embeddings: str | None = None,
+    kv_cache: str = "io",
 ) -> dict[str, Any]:
     """Load the checkpoint folder ``model_path`` (or a hub id in the Hugging Face cache; a checkpoint with its own
     code only with ``trust_remote_code``), export its generation parts with ``backend`` and write ``output``.
 
     The example inputs are the tokenizer's encoding of ``prompt`` (or 8 token ids when the folder has
     no tokenizer). Used by ``hf-exporters export --task text-generation`` / ``text2text-generation``.
+
+    ``kv_cache="program"`` (executorch, decoder-only) holds the key/value cache in the program (see
+    :func:`export_for_generation`).
 
     ``quantize`` (executorch ``8da4w`` / ``8da8w`` with ``group_size``; onnx ``int8-dynamic``) and
     ``quantize_embeddings`` (executorch ``8w``) quantize every part's weights as a single-model export
@@ -476,7 +496,7 @@ def export_generation_folder(
         vocab = config.get_text_config().vocab_size
         ids = torch.arange(1, 9).remainder(vocab).unsqueeze(0)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    artifacts = export_for_generation(exporter, model, inputs, exporter_config)
+    artifacts = export_for_generation(exporter, model, inputs, exporter_config, kv_cache=kv_cache)
     return artifacts.save_pretrained(
         out, preprocessor=preprocessor, validate=validate, overwrite=overwrite, source_model=str(path.resolve()), aoti=aoti
     )

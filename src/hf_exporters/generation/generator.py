@@ -378,7 +378,10 @@ class ExportedGenerator:
             unfinished = torch.ones(batch, dtype=torch.long)
             cache: list[torch.Tensor] = []
             static = self.cache.get("kind") == "static"
-            if not self.is_encoder_decoder and not static:
+            in_program = self.cache.get("kind") == "program"
+            if in_program:
+                self._check_program_request(sequences, mask, config.max_new_tokens)
+            elif not self.is_encoder_decoder and not static:
                 self._check_lengths(sequences.shape[1], config.max_new_tokens)
             if static:
                 max_len = int(self.cache["max_cache_len"])
@@ -392,6 +395,12 @@ class ExportedGenerator:
                     outputs = self._run("prefill" if step == 0 else "decode", {**step_inputs, **({"past_key_values": cache} if step else {})})
                 elif static:
                     outputs, static_state = self._static_step(sequences, mask, step, cache)
+                elif in_program:
+                    # the program holds the cache: the prompt at positions 0..T-1, then each new token at the next one
+                    current = sequences if step == 0 else sequences[:, -1:]
+                    start = sequences.shape[1] - current.shape[1]
+                    outputs = self._run("decode", {"input_ids": current, "cache_position": torch.arange(start, sequences.shape[1])})
+                    outputs[0] = outputs[0][:, -1]  # (1, q, V) -> the last position's logits
                 else:
                     current = sequences if step == 0 else sequences[:, -1:]
                     feed = {"input_ids": current, "attention_mask": mask}
@@ -429,6 +438,29 @@ class ExportedGenerator:
         if self.is_encoder_decoder and not self.returns_decoder_prompt:
             sequences = sequences[:, 1:]
         return sequences
+
+    def _check_program_request(self, sequences: torch.Tensor, mask: torch.Tensor, new_tokens: int) -> None:
+        """Refuse what a program holding its own cache cannot run: a batch other than the one it holds,
+        padding (its positions are the tokens' indices), or more positions than it holds.
+
+        Raises:
+            InputError: "prompt of N tokens plus M new tokens needs P positions: this folder's program holds
+                at most L ...", or the batch or padding refused.
+        """
+        held = int(self.cache.get("batch_size", 1))
+        if sequences.shape[0] != held:
+            raise InputError(f"this folder's program holds the cache of a batch of {held}; got a batch of {sequences.shape[0]} (generate one prompt at a time)")
+        if int(mask.min()) == 0:
+            raise InputError("this folder's program places tokens by their index: a padded prompt (zeros in attention_mask) is not supported")
+        limit = int(self.cache["max_cache_len"])
+        length = sequences.shape[1]
+        if length > limit:
+            raise InputError(f"prompt of {length} tokens: this folder's program holds at most {limit} positions (re-export with a larger --max-seq-len)")
+        if length + new_tokens - 1 > limit:
+            raise InputError(
+                f"prompt of {length} tokens plus {new_tokens} new tokens needs {length + new_tokens - 1} positions: this folder's program "
+                f"holds at most {limit} (re-export with a larger --max-seq-len, or ask for at most {limit - length + 1} new tokens)"
+            )
 
     def _encode(self, encoder_inputs: dict[str, Any]) -> torch.Tensor:
         part = self.manifest["parts"][self.roles["encoder"]]

@@ -51,7 +51,9 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     roles = [part["role"] for part in parts.values()]
     if len(set(roles)) != len(roles):
         raise ManifestError(f"{path}: two parts share a role ({', '.join(sorted(r for r in set(roles) if roles.count(r) > 1))})")
-    for role in ("prefill", "decode"):
+    decode = next((part for part in parts.values() if part.get("role") == "decode"), {})
+    in_program = isinstance(decode.get("cache"), dict) and decode["cache"].get("kind") == "program"
+    for role in ("decode",) if in_program else ("prefill", "decode"):  # an in-program cache: one part runs the prompt too
         if role not in roles:
             raise ManifestError(f"{path}: no part has the role {role!r}; a generation folder needs a prefill and a decode part")
     methods_by_file: dict[str, list[tuple[str, Any]]] = {}

@@ -18,7 +18,7 @@ import torch
 from ..errors import InputError
 from .cache_layout import flat_cache, hybrid_kinds, is_hybrid_cache
 from .capture import decompose_for_generation, encoder_of
-from .steps import DecoderStep, EncoderStep, ModalityEncoderStep, MultimodalPrefillStep, Seq2SeqDecoderStep, StaticDecoderStep
+from .steps import DecoderStep, EncoderStep, ModalityEncoderStep, MultimodalPrefillStep, ProgramCacheStep, Seq2SeqDecoderStep, StaticDecoderStep
 
 
 @dataclasses.dataclass
@@ -456,3 +456,42 @@ def _seq2seq_parts(model: torch.nn.Module, captured: dict[str, dict[str, Any]]) 
         ),
     }
 
+
+
+#: the cache layouts of a decoder-only generation folder: ``io`` (the cache tensors are inputs and
+#: outputs of every step) and ``program`` (ExecuTorch: the cache is held in the program, see
+#: :func:`program_cache_parts`)
+KV_CACHE_LAYOUTS = ("io", "program")
+
+
+def program_cache_parts(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache_len: int) -> dict[str, GenerationPart]:
+    """The one part of a decoder-only model whose key/value cache lives in the program, as ExecuTorch's
+    LLM runner drives it: ``(input_ids (1, q), cache_position (q,)) -> logits (1, q, V)``
+    (:class:`~hf_exporters.generation.steps.ProgramCacheStep`).
+
+    The same method runs the prompt (``q = T``, ``cache_position = 0..T-1``) and each new token (``q = 1``,
+    the next position), with no cache tensor passed in or out. Positions are absolute: a new prompt starts
+    again at 0.
+
+    Raises:
+        InputError: the model is an encoder-decoder or multimodal model, its cache has sliding-window or
+            recurrent layers, or the example prompt is longer than ``max_cache_len``.
+    """
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise InputError("--kv-cache program exports decoder-only models; this one is an encoder-decoder model")
+    ids = inputs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or set(inputs) - {"input_ids", "attention_mask"}:
+        raise InputError(f"--kv-cache program exports models driven by input_ids alone; the inputs are {sorted(inputs)}")
+    ids = ids[:1]
+    if ids.shape[1] > max_cache_len:
+        raise InputError(f"the example prompt has {ids.shape[1]} tokens; the in-program cache holds {max_cache_len} positions (raise --max-seq-len)")
+    step = ProgramCacheStep(model, max_cache_len)
+    layout = {
+        "kind": "program",
+        "layers": step.layers,
+        "max_cache_len": max_cache_len,
+        "batch_size": 1,
+        "tensor_layout": "held in the program: (1, kv_heads, max_cache_len, head_dim) key and value buffers per layer, written at cache_position",
+    }
+    example = {"input_ids": ids.clone(), "cache_position": torch.arange(ids.shape[1])}
+    return {"decode": GenerationPart("decode", "decode", step, example, {"input_ids": {1: _SEQ}, "cache_position": {0: _SEQ}}, ["logits"], layout)}

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InputError
 from .cache_layout import dynamic_cache, flat_cache, flat_hybrid, hybrid_cache, hybrid_schema
 
 
@@ -170,6 +171,62 @@ class StaticDecoderStep(torch.nn.Module):
             kwargs["logits_to_keep"] = 1
         out = self.model(**kwargs)
         return (out.logits[:, -1, :], *flat_cache(out.past_key_values))
+
+
+class ProgramCacheStep(torch.nn.Module):
+    """A decoder-only model step whose key/value cache is held by the module, as buffers the step updates in
+    place: ``(input_ids (1, q), cache_position (q,)) -> logits (1, q, V)``.
+
+    The buffers are a ``StaticCache`` of ``max_cache_len`` positions for batch 1 (``key_cache_<i>`` and
+    ``value_cache_<i>``, ``(1, kv_heads, max_cache_len, head_dim)``); each call builds a ``StaticCache``
+    over them that writes the ``q`` new keys and values at ``cache_position`` and attends to every earlier
+    position. ``torch.export`` records the writes as buffer mutations, which ExecuTorch keeps as mutable
+    buffers of the program. transformers' own wrapper (``TorchExportableModuleWithStaticCache``) keeps each
+    layer's write position as a buffer too, and its program fails ``run_decompositions`` in torch 2.13
+    (AOTAutograd's duplicate-argument wrapper); here the position comes from ``cache_position`` alone.
+
+    Raises:
+        InputError: a layer of the model's cache is not a full static layer (sliding-window, chunked or
+            recurrent layers: their update is data-dependent).
+    """
+
+    def __init__(self, model: torch.nn.Module, max_cache_len: int):
+        super().__init__()
+        from transformers.cache_utils import StaticCache, StaticLayer
+        from transformers.configuration_utils import get_head_shapes
+
+        self.model = model
+        self.max_cache_len = max_cache_len
+        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+        self.text_config = config
+        cache = StaticCache(config=config, max_cache_len=max_cache_len)
+        others = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not StaticLayer})
+        if others:
+            raise InputError(f"--kv-cache program holds full static caches; {type(model).__name__}'s cache has {', '.join(others)} layers")
+        heads, head_dim = get_head_shapes(config)
+        cache.early_initialization(1, heads, head_dim, model.dtype, torch.device("cpu"))
+        self.layers = len(cache.layers)
+        for i, layer in enumerate(cache.layers):
+            self.register_buffer(f"key_cache_{i}", torch.zeros_like(layer.keys), persistent=False)
+            self.register_buffer(f"value_cache_{i}", torch.zeros_like(layer.values), persistent=False)
+        self._positions = _accepts(model, "position_ids")
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        from transformers.cache_utils import StaticCache
+
+        cache = StaticCache(config=self.text_config, max_cache_len=self.max_cache_len)
+        for i, layer in enumerate(cache.layers):
+            keys, values = getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}")
+            layer.batch_size, layer.num_heads = keys.shape[0], keys.shape[1]
+            layer.k_head_dim, layer.v_head_dim = keys.shape[-1], values.shape[-1]
+            layer.dtype, layer.device = keys.dtype, keys.device
+            layer.keys, layer.values = keys, values  # not copies: the layer writes into the buffers
+            layer.cumulative_length = cache_position[0].clone()
+            layer.is_initialized = True
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "cache_position": cache_position, "past_key_values": cache, "use_cache": True}
+        if self._positions:
+            kwargs["position_ids"] = cache_position.unsqueeze(0)
+        return self.model(**kwargs).logits
 
 
 class EncoderStep(torch.nn.Module):

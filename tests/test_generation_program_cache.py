@@ -1,0 +1,96 @@
+"""``--kv-cache program``: a decoder-only generation folder whose one ExecuTorch method holds the key/value
+cache as mutable buffers and is driven by position, as ExecuTorch's LLM runner drives it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import transformers
+
+pytest.importorskip("executorch.runtime", reason="the in-program cache is an ExecuTorch layout: it needs the executorch extra")
+
+from hf_exporters.errors import InputError  # noqa: E402
+from hf_exporters.generation import ExportedGenerator, export_generation_folder  # noqa: E402
+from hf_exporters.runtime.et_runner import ExecutorchRunner  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+MAX_SEQ_LEN = 32
+
+
+@pytest.fixture(scope="module")
+def program_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("program-cache")
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64, eos_token_id=None)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.mul_(8.0)  # a wider spread: greedy ids do not settle on one token
+    model.save_pretrained(root / "ckpt")
+    folder = root / "out"
+    manifest = export_generation_folder(root / "ckpt", "executorch", folder, kv_cache="program", max_seq_len=MAX_SEQ_LEN)
+    return model, folder, manifest
+
+
+def test_one_method_takes_ids_and_positions_and_returns_logits_only(program_folder):
+    model, folder, manifest = program_folder
+    assert list(manifest["parts"]) == ["decode"]
+    part = manifest["parts"]["decode"]
+    assert part["cache"]["kind"] == "program" and part["cache"]["max_cache_len"] == MAX_SEQ_LEN and part["cache"]["layers"] == 2
+    assert [i["name"] for i in part["inputs"]] == ["input_ids", "cache_position"] and part["outputs"] == ["logits"]
+    assert part["parity"]["ok"] and part["parity"]["max_abs_eager"] > 1.0  # the prompt's logits match eager, and carry signal
+    runner = ExecutorchRunner(folder / part["file"], part.get("method", "forward"))
+    meta = runner.method.metadata
+    assert (meta.num_inputs(), meta.num_outputs()) == (2, 1)  # no cache tensor in or out
+    assert runner.input_max_sizes[0] == (1, MAX_SEQ_LEN)
+
+
+def test_generated_ids_equal_eager_generate_and_a_second_prompt_starts_afresh(program_folder):
+    model, folder, _ = program_folder
+    generator = ExportedGenerator.from_pretrained(folder)
+    for prompt in ([5, 17, 33, 2, 71, 9], [40, 3, 3]):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            eager = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False)
+        got = generator.generate(ids, max_new_tokens=10)
+        assert got.tolist() == eager.tolist()
+        assert len(set(got[0, len(prompt):].tolist())) > 1  # not one repeated token
+
+
+def test_requests_the_program_cannot_hold_are_refused(program_folder):
+    _, folder, _ = program_folder
+    generator = ExportedGenerator.from_pretrained(folder)
+    for kwargs, message in [
+        ({"input_ids": torch.ones(2, 4, dtype=torch.long)}, "this folder's program holds the cache of a batch of 1; got a batch of 2 (generate one prompt at a time)"),
+        ({"input_ids": torch.ones(1, 4, dtype=torch.long), "attention_mask": torch.tensor([[0, 1, 1, 1]])},
+         "this folder's program places tokens by their index: a padded prompt (zeros in attention_mask) is not supported"),
+        ({"input_ids": torch.ones(1, 40, dtype=torch.long)}, "prompt of 40 tokens: this folder's program holds at most 32 positions (re-export with a larger --max-seq-len)"),
+        ({"input_ids": torch.ones(1, 30, dtype=torch.long), "max_new_tokens": 5},
+         "prompt of 30 tokens plus 5 new tokens needs 34 positions: this folder's program holds at most 32 (re-export with a larger --max-seq-len, or ask for at most 3 new tokens)"),
+    ]:
+        with pytest.raises(InputError) as caught:
+            generator.generate(**{"max_new_tokens": 2, **kwargs})
+        assert str(caught.value) == message
+
+
+def test_program_cache_is_refused_where_it_does_not_apply(tmp_path, program_folder):
+    from typer.testing import CliRunner
+
+    from hf_exporters.cli import app
+
+    checkpoint = program_folder[1].parent / "ckpt"
+    runner = CliRunner()
+    for args, message in [
+        (["-b", "onnx", "--task", "text-generation", "--kv-cache", "program"], "error: --kv-cache program holds the cache in an ExecuTorch program; use --backend executorch, not 'onnx'"),
+        (["-b", "executorch", "--kv-cache", "program"], "error: --kv-cache applies to --task text-generation exports, not 'a single export'"),
+    ]:
+        result = runner.invoke(app, ["export", "-m", str(checkpoint), "-o", str(tmp_path / "x"), *args])
+        assert result.exit_code == 1 and result.output.strip().splitlines()[-1] == message, result.output
+        assert not (tmp_path / "x").exists()
+    manifest = json.loads((program_folder[1] / "export.json").read_text())
+    assert manifest["program"]["methods"] == ["decode"]
