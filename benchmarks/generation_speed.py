@@ -19,6 +19,10 @@ interleaved rounds run every engine once each, in a fresh process.
 are written without the next-token accuracy check: the weights are random, so the check measures
 nothing a real checkpoint would show (``8da4w`` of a random model is refused by it).
 
+``executorch-program`` and ``executorch-8da4w-program`` hold the key/value cache in the program (``--kv-cache
+program``: one method driven by position, no cache tensor in or out of a step) instead of passing it through
+every step.
+
 ``--backends`` may also name ``optimum``: optimum-onnx's export of the same weights
 (``main_export(task="text-generation-with-past")`` of the checkpoint written with ``save_pretrained``) run by
 its ``ORTModelForCausalLM.generate``, both in ``benchmarks/.venv-optimum`` (``setup_optimum_env.sh``; optimum-onnx
@@ -124,17 +128,19 @@ def export(model_name: str, backend: str, folder: str, prompt_len: int) -> float
         if done.returncode != 0:
             raise RuntimeError("optimum main_export failed: " + (done.stderr.strip().splitlines() or ["?"])[-1])
         return time.perf_counter() - started
-    base, quantize, embeddings = VARIANTS.get(backend, (backend, None, None))
+    base, quantize, embeddings, kv_cache = (*VARIANTS.get(backend, (backend, None, None)), "io")[:4]
     exporter = make_exporter(base)
     started = time.perf_counter()
     config = make_config(exporter, True, None, quantize=quantize, quantize_embeddings=embeddings)
-    artifacts = export_for_generation(exporter, model, _inputs(model_name, prompt_len), config)
+    artifacts = export_for_generation(exporter, model, _inputs(model_name, prompt_len), config, kv_cache=kv_cache)
     artifacts.save_pretrained(folder, validate=False)
     return time.perf_counter() - started
 
 
-#: quantized variants ``--backends`` may name: (backend, --quantize, --qembedding)
+#: variants ``--backends`` may name: (backend, --quantize, --qembedding[, --kv-cache])
 VARIANTS = {
+    "executorch-program": ("executorch", None, None, "program"),
+    "executorch-8da4w-program": ("executorch", "8da4w", "8w", "program"),
     "executorch-8da4w": ("executorch", "8da4w", "8w"),
     "executorch-8da8w": ("executorch", "8da8w", "8w"),
     "onnx-int8": ("onnx", "int8-dynamic", None),
