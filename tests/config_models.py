@@ -156,3 +156,20 @@ _INPUTS: dict[str, Callable[[Any, torch.Generator], dict[str, Any]]] = {
     # time series
     "AutoformerModel": _autoformer,
 }
+
+
+def spread_tiny_llama(folder: Path | None = None) -> transformers.LlamaForCausalLM:
+    """A 2-layer Llama of 96 tokens (hidden 32, 2 key/value heads, 64 positions, no end token), seed 0, its
+    matrices scaled by 8 so that greedy ids do not settle on one token; saved to ``folder`` when given.
+    The generation tests of the C++ runner and of the in-program cache use it."""
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64, eos_token_id=None)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.mul_(8.0)
+    if folder is not None:
+        model.save_pretrained(folder)
+    return model

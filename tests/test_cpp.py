@@ -25,6 +25,7 @@ from hf_exporters.pipeline import build_inputs, default_model_path, export_to_fo
 from hf_exporters.runtime import cpp_runner  # noqa: E402
 from hf_exporters.runtime.compare import eager_outputs  # noqa: E402
 from hf_exporters.runtime.et_runner import ExecutorchRunner  # noqa: E402
+from config_models import spread_tiny_llama  # noqa: E402
 
 BUILD = cpp_runner.build_dir()
 if not (BUILD / "hfx-run").is_file():
@@ -41,19 +42,6 @@ def _hfx_run(*args: str, binary=None, env=None) -> subprocess.CompletedProcess:
     # errors="replace": with HFX_VERBOSE=1 the runtime's log quotes a corrupt file's bytes
     return subprocess.run([str(binary or BUILD / "hfx-run"), *map(str, args)], capture_output=True, text=True, errors="replace", timeout=300,
                           check=False, env={**os.environ, **(env or {})})
-
-
-def _tiny_llama_checkpoint(folder):
-    config = tf.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, max_position_embeddings=64, eos_token_id=None)
-    torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.mul_(8.0)  # a wider spread: greedy ids do not settle on one token
-    model.save_pretrained(folder)
-    return model
 
 
 def _write_expectations(folder, model, inputs):
@@ -96,7 +84,7 @@ def test_minilm_forward_equals_eager_and_the_python_runtime(minilm_folder):
 
 
 def test_tiny_llama_prefill_forward_equals_eager(tmp_path):
-    model = _tiny_llama_checkpoint(tmp_path / "ckpt")
+    model = spread_tiny_llama(tmp_path / "ckpt")
     ids = torch.randint(3, 96, (2, 7), generator=torch.Generator().manual_seed(0))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     folder = tmp_path / "llama-prefill-pte"
@@ -194,7 +182,7 @@ def llama_generation(tmp_path_factory):
     from hf_exporters.demo import write_word_tokenizer
 
     root = tmp_path_factory.mktemp("cpp-gen")
-    model = _tiny_llama_checkpoint(root / "ckpt")
+    model = spread_tiny_llama(root / "ckpt")
     write_word_tokenizer(root / "ckpt", 96)
     folder = root / "gen-pte"
     export_generation_folder(root / "ckpt", "executorch", folder)
@@ -253,7 +241,7 @@ def test_cpp_greedy_ids_equal_eager_generate(llama_generation):
 @pytest.fixture(scope="module")
 def llama_program_cache(tmp_path_factory):
     root = tmp_path_factory.mktemp("cpp-program-cache")
-    model = _tiny_llama_checkpoint(root / "ckpt")
+    model = spread_tiny_llama(root / "ckpt")
     folder = root / "gen-pte"
     export_generation_folder(root / "ckpt", "executorch", folder, kv_cache="program", max_seq_len=24)
     return model, folder

@@ -8,13 +8,13 @@ import os
 
 import pytest
 import torch
-import transformers
 
 pytest.importorskip("executorch.runtime", reason="the in-program cache is an ExecuTorch layout: it needs the executorch extra")
 
 from hf_exporters.errors import InputError  # noqa: E402
 from hf_exporters.generation import ExportedGenerator, export_generation_folder  # noqa: E402
 from hf_exporters.runtime.et_runner import ExecutorchRunner  # noqa: E402
+from config_models import spread_tiny_llama  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MAX_SEQ_LEN = 32
@@ -23,15 +23,7 @@ MAX_SEQ_LEN = 32
 @pytest.fixture(scope="module")
 def program_folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("program-cache")
-    config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=64, eos_token_id=None)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.mul_(8.0)  # a wider spread: greedy ids do not settle on one token
-    model.save_pretrained(root / "ckpt")
+    model = spread_tiny_llama(root / "ckpt")
     folder = root / "out"
     manifest = export_generation_folder(root / "ckpt", "executorch", folder, kv_cache="program", max_seq_len=MAX_SEQ_LEN)
     return model, folder, manifest
