@@ -218,7 +218,7 @@ def test_the_parts_are_the_methods_of_one_program(llama_generation):
     ]
     # input_ids (the first input of each method) indexes the 96-row token table
     runner = ExecutorchRunner(folder / "model.pte", "decode")
-    assert (runner.index_bounds, runner.for_method("prefill").index_bounds) == ({0: 96}, {0: 96})
+    assert (runner.index_bounds, runner.for_method("prefill").index_bounds) == ({0: (96, 0)}, {0: (96, 0)})
 
 
 def test_cpp_greedy_ids_equal_eager_generate(llama_generation):

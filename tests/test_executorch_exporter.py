@@ -1083,16 +1083,50 @@ def test_the_runner_refuses_an_index_outside_the_table_it_indexes(tmp_path):
     """The program records, per input that indexes an embedding table (directly or through a view), the
     fewest rows among its tables; the runner refuses an index outside them before ``execute``."""
     from hf_exporters.errors import InputError
-    from hf_exporters.exporters.executorch import embedding_index_bounds
+    from hf_exporters.exporters.executorch import input_index_bounds
 
     model = _TwoTables().eval()
     inputs = {"scale": torch.ones(1), "ids": torch.tensor([[1, 2, 3]]), "shifted": torch.tensor([[4, 5, 6]])}
     exporter = ExecutorchExporter()
     result = exporter.run(model, inputs, ExecutorchConfig())
-    assert embedding_index_bounds(result.program.exported_program()) == [1, 20]
+    assert input_index_bounds(result.program.exported_program()) == [1, 20, 0]
     runner = exporter.load_runner(exporter.save(result.program, tmp_path / "model.pte"))
-    assert runner.index_bounds == {1: 20}
+    assert runner.index_bounds == {1: (20, 0)}
     torch.testing.assert_close(runner(inputs)[0], model(**inputs), rtol=0, atol=1e-5)
     with pytest.raises(InputError) as caught:
         runner({**inputs, "ids": torch.tensor([[1, 20, 3]])})
     assert str(caught.value) == "input 'ids' holds the index 20, outside the 20 rows of the embedding table it indexes (valid: 0 to 19)"
+
+
+class _CastAndWrite(torch.nn.Module):
+    """``ids`` (int32) indexes a 30-row table after a cast; ``at`` names the rows of a 4-row state written
+    with ``index_copy`` (a cache written at its positions)."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(30, 8)
+        self.register_buffer("state", torch.zeros(4, 8))
+
+    def forward(self, ids, at):
+        rows = self.table(ids.long())  # (1, n, 8)
+        return self.state.clone().index_copy(0, at, rows[0])
+
+
+def test_bounds_follow_casts_and_cover_written_axes(tmp_path):
+    from hf_exporters.errors import InputError
+    from hf_exporters.exporters.executorch import input_index_bounds
+
+    model = _CastAndWrite().eval()
+    inputs = {"ids": torch.tensor([[3, 7]], dtype=torch.int32), "at": torch.tensor([1, 2])}
+    exporter = ExecutorchExporter()
+    result = exporter.run(model, inputs, ExecutorchConfig())
+    assert input_index_bounds(result.program.exported_program()) == [0, 30, 0, 1, 4, 1]
+    runner = exporter.load_runner(exporter.save(result.program, tmp_path / "model.pte"))
+    torch.testing.assert_close(runner(inputs)[0], model(**inputs), rtol=0, atol=1e-6)
+    for bad, message in [
+        ({"ids": torch.tensor([[3, 30]], dtype=torch.int32)}, "input 'ids' holds the index 30, outside the 30 rows of the embedding table it indexes (valid: 0 to 29)"),
+        ({"at": torch.tensor([1, 4])}, "input 'at' holds the index 4, outside the 4 positions of the axis it indexes (valid: 0 to 3)"),
+    ]:
+        with pytest.raises(InputError) as caught:
+            runner({**inputs, **bad})
+        assert str(caught.value) == message

@@ -36,10 +36,16 @@ def test_one_method_takes_ids_and_positions_and_returns_logits_only(program_fold
     assert part["cache"]["kind"] == "program" and part["cache"]["max_cache_len"] == MAX_SEQ_LEN and part["cache"]["layers"] == 2
     assert [i["name"] for i in part["inputs"]] == ["input_ids", "cache_position"] and part["outputs"] == ["logits"]
     assert part["parity"]["ok"] and part["parity"]["max_abs_eager"] > 1.0  # the prompt's logits match eager, and carry signal
-    runner = ExecutorchRunner(folder / part["file"], part.get("method", "forward"))
+    assert part["method"] == "forward"  # the program's one method, as ExecuTorch's runners call it
+    runner = ExecutorchRunner(folder / part["file"])
     meta = runner.method.metadata
     assert (meta.num_inputs(), meta.num_outputs()) == (2, 1)  # no cache tensor in or out
     assert runner.input_max_sizes[0] == (1, MAX_SEQ_LEN)
+    # a position past the cache is refused before the program writes there (index_put checks part of it only)
+    assert runner.index_bounds == {0: (96, 0), 1: (MAX_SEQ_LEN, 1)}
+    with pytest.raises(InputError) as caught:
+        runner({"input_ids": torch.tensor([[1, 2]]), "cache_position": torch.tensor([0, 1000000])})
+    assert str(caught.value) == "input 'cache_position' holds the index 1000000, outside the 32 positions of the axis it indexes (valid: 0 to 31)"
 
 
 def test_generated_ids_equal_eager_generate_and_a_second_prompt_starts_afresh(program_folder):
@@ -85,4 +91,28 @@ def test_program_cache_is_refused_where_it_does_not_apply(tmp_path, program_fold
         assert result.exit_code == 1 and result.output.strip().splitlines()[-1] == message, result.output
         assert not (tmp_path / "x").exists()
     manifest = json.loads((program_folder[1] / "export.json").read_text())
-    assert manifest["program"]["methods"] == ["decode"]
+    assert manifest["program"]["methods"] == ["forward"]
+
+
+def test_a_short_cache_cuts_the_example_prompt_and_a_long_window_is_a_full_cache(tmp_path):
+    """The example prompt (7 tokens here) is cut to leave room in a 4-position cache; Mistral's sliding window
+    (4096 positions) never drops a position of a 16-position cache, so its layers are full static layers."""
+    import transformers
+
+    model = spread_tiny_llama(tmp_path / "llama")
+    manifest = export_generation_folder(tmp_path / "llama", "executorch", tmp_path / "short", kv_cache="program", max_seq_len=4)
+    assert manifest["parts"]["decode"]["inputs"][0]["shape"] == [1, 3]
+    ids = torch.tensor([[5, 17]])
+    with torch.no_grad():
+        eager = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
+    assert ExportedGenerator.from_pretrained(tmp_path / "short").generate(ids, max_new_tokens=3).tolist() == eager.tolist()
+    config = transformers.MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, max_position_embeddings=64, sliding_window=4096, eos_token_id=None)
+    torch.manual_seed(0)
+    mistral = transformers.MistralForCausalLM(config).eval()
+    mistral.save_pretrained(tmp_path / "mistral")
+    export_generation_folder(tmp_path / "mistral", "executorch", tmp_path / "mistral-out", kv_cache="program", max_seq_len=16)
+    ids = torch.tensor([[5, 17, 33, 2]])
+    with torch.no_grad():
+        eager = mistral.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
+    assert ExportedGenerator.from_pretrained(tmp_path / "mistral-out").generate(ids, max_new_tokens=6).tolist() == eager.tolist()

@@ -151,8 +151,9 @@ std::string input_mutations_method(const std::string& method) {
   return method == "forward" ? std::string(kInputMutationsMethod) : std::string(kInputMutationsMethod) + "." + method;
 }
 
-//: the constant method holding [position, rows, ...] for the inputs that index an embedding table
-//: (hf_exporters.exporters.executorch.embedding_index_bounds; "<this>.m" for another method m)
+//: the constant method holding [position, size, kind, ...] for the inputs that index a tensor
+//: (hf_exporters.exporters.executorch.input_index_bounds; "<this>.m" for another method m); kind 0: the rows
+//: of an embedding table, 1: the positions of an axis (a cache held in the program, written at the index)
 constexpr const char* kIndexBoundsMethod = "hf_exporters_input_index_bounds";
 
 std::string index_bounds_method(const std::string& method) {
@@ -190,11 +191,11 @@ class ExecutorchPart final : public PartRunner {
       std::vector<std::vector<uint8_t>> scratch;
       auto constant = load(bounds_name.c_str(), scratch);
       if (constant->execute() != et::Error::Ok) throw Error(path_ + ": cannot read the constant method '" + bounds_name + "'");
-      for (size_t i = 0; i + 1 < constant->outputs_size(); i += 2) {
-        const et::EValue &position = constant->get_output(i), &rows = constant->get_output(i + 1);
-        if (!position.isInt() || !rows.isInt() || position.toInt() < 0 || rows.toInt() < 1)
-          throw Error(path_ + ": the constant method '" + bounds_name + "' does not hold (position, rows) pairs");
-        index_rows_[static_cast<size_t>(position.toInt())] = rows.toInt();
+      for (size_t i = 0; i + 2 < constant->outputs_size(); i += 3) {
+        const et::EValue &position = constant->get_output(i), &size = constant->get_output(i + 1), &kind = constant->get_output(i + 2);
+        if (!position.isInt() || !size.isInt() || !kind.isInt() || position.toInt() < 0 || size.toInt() < 1)
+          throw Error(path_ + ": the constant method '" + bounds_name + "' does not hold (position, size, kind) triples");
+        index_rows_[static_cast<size_t>(position.toInt())] = {size.toInt(), kind.toInt()};
       }
     }
   }
@@ -269,12 +270,13 @@ class ExecutorchPart final : public PartRunner {
                     " (ExecuTorch plans memory for a dynamic axis up to its export bound: hf-exporters export --max-seq-len raises it)");
   }
 
-  /// Refuse an input that indexes an embedding table when it holds an index outside the table's rows:
-  /// ExecuTorch's quantized embedding kernels abort the process on one (ET_CHECK) instead of failing.
+  /// Refuse an input that indexes a tensor when it holds an index outside it: ExecuTorch's quantized
+  /// embedding kernels abort the process on one (ET_CHECK), and index_put checks only part of an index.
   void check_indices(size_t position, const Tensor& t) const {
     auto found = index_rows_.find(position);
     if (found == index_rows_.end() || t.numel() == 0) return;
-    const int64_t rows = found->second;
+    const int64_t rows = found->second.first;
+    const char* what = found->second.second == 0 ? " rows of the embedding table" : " positions of the axis";
     int64_t bad = 0;
     bool out = false;
     auto scan = [&](auto sample) {
@@ -288,7 +290,7 @@ class ExecutorchPart final : public PartRunner {
     else return;
     if (out)
       throw Error(path_ + ": input " + std::to_string(position) + " holds the index " + std::to_string(bad) + ", outside the " + std::to_string(rows) +
-                  " rows of the embedding table it indexes (valid: 0 to " + std::to_string(rows - 1) + ")");
+                  what + " it indexes (valid: 0 to " + std::to_string(rows - 1) + ")");
   }
 
   std::unique_ptr<et::Method> load(const char* name, std::vector<std::vector<uint8_t>>& planned) {
@@ -332,7 +334,7 @@ class ExecutorchPart final : public PartRunner {
   std::unique_ptr<et::Method> method_;
   std::vector<std::vector<int64_t>> bounds_;  // per tensor input, in run()'s order
   size_t skip_outputs_ = 0;
-  std::map<size_t, int64_t> index_rows_;  // method input position -> rows of the embedding table it indexes
+  std::map<size_t, std::pair<int64_t, int64_t>> index_rows_;  // method input position -> (size it indexes, kind)
 };
 
 }  // namespace

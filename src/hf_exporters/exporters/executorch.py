@@ -32,20 +32,38 @@ def _input_mutation_outputs(exported: torch.export.ExportedProgram) -> int:
     return sum(spec.kind == kind for spec in exported.graph_signature.output_specs)
 
 
-#: ops whose output holds only values of their (first) input: an index passed through them still indexes the table
-_VALUE_PRESERVING = ("view", "reshape", "expand", "permute", "squeeze", "unsqueeze", "clone", "_to_copy", "slice", "select", "alias", "flatten")
+#: operators (their name without namespace and overload) whose output holds only values of their first
+#: argument: an index passed through them still indexes the same axis
+_VALUE_PRESERVING = frozenset({
+    "view", "view_copy", "_unsafe_view", "reshape", "expand", "expand_copy", "permute", "permute_copy", "squeeze", "squeeze_copy",
+    "unsqueeze", "unsqueeze_copy", "clone", "_clone_dim_order", "_to_copy", "_to_dim_order_copy", "slice", "slice_copy",
+    "select", "select_copy", "alias", "alias_copy", "flatten", "contiguous",
+})
+
+#: the kinds of bound :func:`input_index_bounds` records (kept in sync with the runners' messages)
+EMBEDDING_ROWS, AXIS_POSITIONS = 0, 1
 
 
-def embedding_index_bounds(exported: torch.export.ExportedProgram) -> list[int]:
-    """``[position, rows, position, rows, ...]``: for every user input that indexes an embedding table
-    (``aten.embedding`` or ExecuTorch's quantized ``embedding_byte`` / ``embedding_4bit``), directly or
-    through ops that only move its values (views, copies, slices), the input's position among the
-    method's inputs and the table's row count. An input indexing several tables gets the fewest rows.
+def _operator_name(target: Any) -> str:
+    """``aten.view_copy.default`` -> ``view_copy`` (the edge dialect's and torch's operators alike)."""
+    parts = str(target).split(".")
+    return parts[-2] if len(parts) >= 3 else parts[-1]
+
+
+def input_index_bounds(exported: torch.export.ExportedProgram) -> list[int]:
+    """``[position, size, kind, ...]``: every user input that indexes a tensor, directly or through operators
+    that only move or cast its values (views, copies, slices, dtype casts), with its position among the
+    method's inputs, the size it indexes and the kind of bound: :data:`EMBEDDING_ROWS` (the rows of an
+    embedding table: ``aten.embedding``, ExecuTorch's quantized ``embedding_byte`` / ``embedding_4bit``) or
+    :data:`AXIS_POSITIONS` (an axis written or read at the index: ``index_put``, ``index_copy``,
+    ``index_select``, as a cache held in the program is written at ``cache_position``). An input indexing
+    several tensors gets the smallest size.
 
     ExecuTorch's quantized embedding kernels check an index with ``ET_CHECK``, which aborts the whole
-    process on an index outside ``[0, rows)``; the runners read these bounds from the program and refuse
-    such inputs before ``execute`` (:class:`~hf_exporters.runtime.et_runner.ExecutorchRunner`, the C++
-    runner)."""
+    process on an index outside ``[0, size)``, and its ``index_put`` checks only part of an index tensor;
+    the runners read these bounds from the program and refuse such inputs before ``execute``
+    (:class:`~hf_exporters.runtime.et_runner.ExecutorchRunner`, the C++ runner). An index computed by
+    arithmetic (``ids + 1``) is not followed: it gets no bound."""
     positions: dict[str, int] = {}
     position = 0
     for spec in exported.graph_signature.input_specs:
@@ -53,24 +71,39 @@ def embedding_index_bounds(exported: torch.export.ExportedProgram) -> list[int]:
             if isinstance(spec.arg, torch.export.graph_signature.TensorArgument):
                 positions[spec.arg.name] = position
             position += 1
-    bounds: dict[int, int] = {}
+
+    def source(index: Any) -> int | None:
+        while isinstance(index, torch.fx.Node) and index.op == "call_function" and _operator_name(index.target) in _VALUE_PRESERVING:
+            index = index.args[0]
+        return positions.get(index.name) if isinstance(index, torch.fx.Node) and index.op == "placeholder" else None
+
+    def size(node: Any, axis: int) -> int | None:
+        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or value.dim() <= axis or not isinstance(value.shape[axis], int):
+            return None
+        return int(value.shape[axis])
+
+    bounds: dict[int, tuple[int, int]] = {}
+
+    def record(index: Any, bound: int | None, kind: int) -> None:
+        at = source(index)
+        if at is not None and bound is not None and (at not in bounds or bound < bounds[at][0]):
+            bounds[at] = (bound, kind)
+
     for node in exported.graph.nodes:
-        name = str(node.target)
-        if node.op != "call_function" or not any(k in name for k in ("aten.embedding.", "embedding_byte", "embedding_4bit")):
+        if node.op != "call_function":
             continue
-        weight = node.args[0]
-        indices = node.args[1] if "aten.embedding." in name else node.args[-1]  # the quantized ops take it last
-        while isinstance(indices, torch.fx.Node) and indices.op == "call_function" and any(k in str(indices.target) for k in _VALUE_PRESERVING):
-            indices = indices.args[0]
-        if not (isinstance(indices, torch.fx.Node) and indices.op == "placeholder" and indices.name in positions):
-            continue
-        value = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
-        if value is None or value.dim() != 2:
-            continue
-        rows = int(value.shape[0])  # a packed 4-bit table packs along its rows' length, not their count
-        at = positions[indices.name]
-        bounds[at] = min(rows, bounds.get(at, rows))
-    return [v for at in sorted(bounds) for v in (at, bounds[at])]
+        name = _operator_name(node.target)
+        if name == "embedding":
+            record(node.args[1], size(node.args[0], 0) if size(node.args[0], 1) is not None else None, EMBEDDING_ROWS)
+        elif name in ("embedding_byte", "embedding_4bit"):  # the quantized ops take the indices last
+            record(node.args[-1], size(node.args[0], 0), EMBEDDING_ROWS)
+        elif name in ("index_put", "index_put_") and isinstance(node.args[1], (list, tuple)):
+            for axis, index in enumerate(node.args[1]):
+                record(index, size(node.args[0], axis), AXIS_POSITIONS)
+        elif name in ("index_copy", "index_copy_", "index_select") and isinstance(node.args[1], int):
+            record(node.args[2], size(node.args[0], node.args[1]), AXIS_POSITIONS)
+    return [v for at in sorted(bounds) for v in (at, *bounds[at])]
 
 
 class ExecutorchExporter(DynamoExporter):
@@ -286,10 +319,10 @@ class ExecutorchExporter(DynamoExporter):
                     edge._config_methods[input_mutations_method(name)] = _input_mutation_outputs(edge.exported_program(name))
                 if embeddings is not None:
                     self.quantization["embedding_lookups"] = fuse_quantized_embeddings(edge)
-                # The inputs that index an embedding table, with its rows: the runners refuse an index
-                # past them (a quantized embedding kernel aborts the process on one).
+                # The inputs that index a tensor, with the size they index: the runners refuse an index
+                # past it (a quantized embedding kernel aborts the process on one).
                 for name in programs:
-                    bounds = embedding_index_bounds(edge.exported_program(name))
+                    bounds = input_index_bounds(edge.exported_program(name))
                     if bounds:
                         edge._config_methods[index_bounds_method(name)] = bounds
             with stage(self.name, SERIALISATION, shared):

@@ -389,14 +389,20 @@ def export_for_generation(
     program_seconds: dict[str, float] = {}
     if getattr(base, "one_program", False) and hasattr(exporter, "run_methods"):
         # ExecuTorch: every part a method of one program, lowered in one call (the weights stored once)
+        # each part a method named after it; a cache held in the program is the program's one method, forward
+        method_names = {name: ("forward" if kv_cache == "program" else name) for name in parts}
         try:
-            results = exporter.run_methods({name: (part.module, _copy_inputs(part.inputs)) for name, part in parts.items()}, configs)
+            by_method = exporter.run_methods(
+                {method_names[name]: (part.module, _copy_inputs(part.inputs)) for name, part in parts.items()},
+                {method_names[name]: config for name, config in configs.items()},
+            )
+            results = {name: by_method[method_names[name]] for name in parts}
         except InputError as error:
             if not getattr(error, "mixed_reasoning", False):
                 raise
             results = {}  # parts traced under different shape reasoning: one program each, below
         if results:
-            methods = {name: name for name in parts}
+            methods = method_names
             shared = set(getattr(exporter, "PROGRAM_STAGES", ()))
             first = next(iter(results.values()))
             program_seconds = {title: value for title, value in first.stage_seconds.items() if title in shared}

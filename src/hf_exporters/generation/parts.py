@@ -474,17 +474,17 @@ def program_cache_parts(model: torch.nn.Module, inputs: Mapping[str, Any], max_c
     again at 0.
 
     Raises:
-        InputError: the model is an encoder-decoder or multimodal model, its cache has sliding-window or
-            recurrent layers, or the example prompt is longer than ``max_cache_len``.
+        InputError: the model is an encoder-decoder or multimodal model, its cache has recurrent layers or
+            sliding-window layers whose window is shorter than ``max_cache_len``, or ``max_cache_len`` is below 2.
     """
     if getattr(model.config, "is_encoder_decoder", False):
         raise InputError("--kv-cache program exports decoder-only models; this one is an encoder-decoder model")
     ids = inputs.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or set(inputs) - {"input_ids", "attention_mask"}:
         raise InputError(f"--kv-cache program exports models driven by input_ids alone; the inputs are {sorted(inputs)}")
-    ids = ids[:1]
-    if ids.shape[1] > max_cache_len:
-        raise InputError(f"the example prompt has {ids.shape[1]} tokens; the in-program cache holds {max_cache_len} positions (raise --max-seq-len)")
+    if max_cache_len < 2:
+        raise InputError(f"--kv-cache program needs a --max-seq-len of at least 2, got {max_cache_len}")
+    ids = ids[:1, : max_cache_len - 1]  # the example prompt, cut to leave the cache room for a new token
     step = ProgramCacheStep(model, max_cache_len)
     layout = {
         "kind": "program",

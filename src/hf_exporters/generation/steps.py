@@ -192,17 +192,20 @@ class ProgramCacheStep(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, max_cache_len: int):
         super().__init__()
-        from transformers.cache_utils import StaticCache, StaticLayer
+        from transformers.cache_utils import StaticLayer
         from transformers.configuration_utils import get_head_shapes
 
         self.model = model
         self.max_cache_len = max_cache_len
         config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
         self.text_config = config
-        cache = StaticCache(config=config, max_cache_len=max_cache_len)
+        cache = self._cache(config, max_cache_len)
         others = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not StaticLayer})
         if others:
-            raise InputError(f"--kv-cache program holds full static caches; {type(model).__name__}'s cache has {', '.join(others)} layers")
+            raise InputError(
+                f"--kv-cache program holds full static caches; {type(model).__name__}'s cache has {', '.join(others)} layers "
+                "(a sliding window is a full cache only when --max-seq-len is at most the window)"
+            )
         heads, head_dim = get_head_shapes(config)
         cache.early_initialization(1, heads, head_dim, model.dtype, torch.device("cpu"))
         self.layers = len(cache.layers)
@@ -211,11 +214,42 @@ class ProgramCacheStep(torch.nn.Module):
             self.register_buffer(f"value_cache_{i}", torch.zeros_like(layer.values), persistent=False)
         self._positions = _accepts(model, "position_ids")
 
-    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        from transformers.cache_utils import StaticCache
+    @staticmethod
+    def _positioned_layer(max_cache_len: int) -> Any:
+        """A ``StaticLayer`` that writes the new keys and values at the step's ``cache_position`` itself
+        (``index_copy_`` along the sequence axis), where transformers' layer writes at ``arange(q)`` past
+        its own running length: the program's write positions are then its input, which the runners
+        bound-check (:func:`hf_exporters.exporters.executorch.input_index_bounds`)."""
+        from transformers.cache_utils import StaticLayer
 
-        cache = StaticCache(config=self.text_config, max_cache_len=self.max_cache_len)
+        class PositionedLayer(StaticLayer):
+            positions: torch.Tensor
+
+            def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                self.keys.index_copy_(2, self.positions, key_states)
+                self.values.index_copy_(2, self.positions, value_states)
+                self.cumulative_length.add_(key_states.shape[-2])
+                return self.keys, self.values
+
+        return PositionedLayer(max_cache_len)
+
+    @staticmethod
+    def _cache(config: Any, max_cache_len: int) -> Any:
+        """A ``StaticCache`` of ``max_cache_len`` positions whose sliding-window layers with a window of at
+        least ``max_cache_len`` are full layers: such a window never drops a position the cache holds."""
+        from transformers.cache_utils import StaticCache, StaticLayer, StaticSlidingWindowLayer
+
+        cache = StaticCache(config=config, max_cache_len=max_cache_len)
         for i, layer in enumerate(cache.layers):
+            if type(layer) is StaticSlidingWindowLayer and int(getattr(layer, "max_cache_len", 0) or 0) >= max_cache_len:  # min(window, max_cache_len)
+                cache.layers[i] = StaticLayer(max_cache_len)
+        return cache
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        cache = self._cache(self.text_config, self.max_cache_len)
+        cache.layers = [self._positioned_layer(self.max_cache_len) for _ in cache.layers]
+        for i, layer in enumerate(cache.layers):
+            layer.positions = cache_position
             keys, values = getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}")
             layer.batch_size, layer.num_heads = keys.shape[0], keys.shape[1]
             layer.k_head_dim, layer.v_head_dim = keys.shape[-1], values.shape[-1]

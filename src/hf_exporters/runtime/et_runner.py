@@ -151,17 +151,20 @@ INDEX_BOUNDS_METHOD = "hf_exporters_input_index_bounds"
 
 
 def index_bounds_method(method: str) -> str:
-    """The constant method holding ``[position, rows, ...]`` for the inputs of ``method`` that index an
-    embedding table (see :func:`hf_exporters.exporters.executorch.embedding_index_bounds`); absent when
-    no input does."""
+    """The constant method holding ``[position, size, kind, ...]`` for the inputs of ``method`` that index a
+    tensor (see :func:`hf_exporters.exporters.executorch.input_index_bounds`); absent when no input does."""
     return INDEX_BOUNDS_METHOD if method == "forward" else f"{INDEX_BOUNDS_METHOD}.{method}"
 
 
-def check_index_bounds(flat: list[Any], bounds: dict[int, int], names: list[str] | None = None) -> None:
-    """Refuse an integer input holding an index outside the embedding table it indexes.
+#: what an index bound of each kind counts, in the refusal (kinds of ``input_index_bounds``)
+_BOUND_KINDS = {0: "rows of the embedding table", 1: "positions of the axis"}
 
-    ``flat``: the method's inputs in order; ``bounds``: position -> the table's rows; ``names``: the
-    inputs' names, for the message.
+
+def check_index_bounds(flat: list[Any], bounds: dict[int, tuple[int, int]], names: list[str] | None = None) -> None:
+    """Refuse an integer input holding an index outside the tensor it indexes.
+
+    ``flat``: the method's inputs in order; ``bounds``: position -> (size, kind); ``names``: the inputs'
+    names, for the message.
 
     Raises:
         InputError: "input 'input_ids' holds the index 40000, outside the 30522 rows of the embedding
@@ -169,16 +172,16 @@ def check_index_bounds(flat: list[Any], bounds: dict[int, int], names: list[str]
     """
     from ..errors import InputError
 
-    for position, rows in bounds.items():
+    for position, (size, kind) in bounds.items():
         value = flat[position] if position < len(flat) else None
         if not isinstance(value, torch.Tensor) or value.numel() == 0 or value.is_floating_point() or value.dtype == torch.bool:
             continue
         low, high = int(value.min()), int(value.max())
-        if low < 0 or high >= rows:
+        if low < 0 or high >= size:
             label = repr(names[position]) if names is not None and position < len(names) else str(position)
             raise InputError(
-                f"input {label} holds the index {low if low < 0 else high}, outside the {rows} rows of the embedding table "
-                f"it indexes (valid: 0 to {rows - 1})"
+                f"input {label} holds the index {low if low < 0 else high}, outside the {size} {_BOUND_KINDS.get(kind, 'entries')} "
+                f"it indexes (valid: 0 to {size - 1})"
             )
 
 
@@ -246,12 +249,13 @@ class ExecutorchRunner:
         constant = input_mutations_method(method)
         if constant in self.program.method_names:
             self.skip_outputs = int(self.program.load_method(constant).execute([])[0])
-        #: input position -> rows of the embedding table it indexes (an index past it aborts a quantized kernel)
-        self.index_bounds: dict[int, int] = {}
+        #: input position -> (size, kind) of the tensor axis it indexes (an index past an embedding table aborts
+        #: a quantized kernel; past a cache held in the program, ``index_put`` writes out of bounds)
+        self.index_bounds: dict[int, tuple[int, int]] = {}
         constant = index_bounds_method(method)
         if constant in self.program.method_names:
             values = [int(v) for v in self.program.load_method(constant).execute([])]
-            self.index_bounds = dict(zip(values[0::2], values[1::2]))
+            self.index_bounds = {values[i]: (values[i + 1], values[i + 2]) for i in range(0, len(values) - 2, 3)}
 
     def for_method(self, method: str) -> "ExecutorchRunner":
         """A runner of another method of the same program, sharing the loaded program (its weights are
@@ -266,8 +270,9 @@ class ExecutorchRunner:
         """Run the method on ``inputs``.
 
         Raises:
-            InputError: an input that indexes an embedding table holds an index outside it (checked
-                before ``execute``: ExecuTorch's quantized embedding kernels abort the process on one).
+            InputError: an input that indexes a tensor (an embedding table, a cache held in the program)
+                holds an index outside it (checked before ``execute``: ExecuTorch's quantized embedding
+                kernels abort the process on one).
             RuntimeError: the runtime refused the inputs or a kernel failed; the message carries the
                 runtime's own log lines that name the failing instruction and operator ("KernelCall
                 failed at instruction 0:74 in operator aten::_upsample_bilinear2d_aa.out: 0x12").
