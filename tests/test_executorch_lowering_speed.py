@@ -63,6 +63,10 @@ def _export_counting(monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, list[str],
     return buffer, ran, decompositions[0]
 
 
+def _conv_block_pte() -> bytes:
+    return ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig()).buffer
+
+
 def _check_parity(buffer: bytes) -> None:
     model = ConvBlock().eval()
     with torch.no_grad():
@@ -184,9 +188,9 @@ def test_provenance_record_shares_its_ancestors_and_equals_the_copied_one():
 
 
 def test_program_the_same_with_shared_provenance():
-    buffer = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig()).buffer
+    buffer = _conv_block_pte()
     with without_workarounds(PROVENANCE):
-        plain = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig()).buffer
+        plain = _conv_block_pte()
     assert buffer == plain
     _check_parity(buffer)
 
@@ -363,10 +367,10 @@ def test_program_the_same_with_dtypes_read_from_metadata(monkeypatch):
     runs = []
     run = arg_validator.EdgeOpArgValidator.run
     monkeypatch.setattr(arg_validator.EdgeOpArgValidator, "run", lambda self, *a, **k: runs.append(1) or run(self, *a, **k))
-    buffer = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig()).buffer
+    buffer = _conv_block_pte()
     patched_runs = len(runs)
     with without_workarounds(DTYPES):
-        plain = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig()).buffer
+        plain = _conv_block_pte()
     assert buffer == plain
     assert patched_runs < len(runs) - patched_runs, (patched_runs, len(runs))  # most fake runs are gone
     _check_parity(buffer)
@@ -377,9 +381,9 @@ AUTO_FUNCTIONALIZED = "_patch_auto_functionalized_removal_only_where_present"
 
 
 def test_program_the_same_with_the_removal_skipped():
-    buffer = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig()).buffer
+    buffer = _conv_block_pte()
     with without_workarounds(AUTO_FUNCTIONALIZED):
-        plain = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig()).buffer
+        plain = _conv_block_pte()
     assert buffer == plain
     _check_parity(buffer)
 

@@ -11,6 +11,7 @@ its cache as a flat tensor list (:mod:`hf_exporters.generation.cache_layout`).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -132,6 +133,37 @@ class ModalityEncoderStep(torch.nn.Module):
         return features.reshape(-1, features.shape[-1])
 
 
+def _fill_static_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor, start: torch.Tensor) -> None:
+    """Make ``layer`` (a ``StaticLayer``) hold ``keys`` and ``values`` (``(B, H, M, D)``, used as they are: the
+    layer writes into them) with its running length at ``start`` (a 0-d tensor)."""
+    layer.batch_size, layer.num_heads = keys.shape[0], keys.shape[1]
+    layer.k_head_dim, layer.v_head_dim = keys.shape[-1], values.shape[-1]
+    layer.dtype, layer.device = keys.dtype, keys.device
+    layer.keys, layer.values = keys, values
+    layer.cumulative_length = start.clone()
+    layer.is_initialized = True
+
+
+@functools.cache
+def _positioned_layer_class() -> type:
+    """A ``StaticLayer`` that writes the new keys and values at the step's ``positions`` (its
+    ``cache_position``, ``index_copy_`` along the sequence axis), where transformers' layer writes at
+    ``arange(q)`` past its own running length: the program's write positions are then its input, which
+    the runners bound-check (:func:`hf_exporters.exporters.executorch.input_index_bounds`)."""
+    from transformers.cache_utils import StaticLayer
+
+    class PositionedLayer(StaticLayer):
+        positions: torch.Tensor
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            self.keys.index_copy_(2, self.positions, key_states)
+            self.values.index_copy_(2, self.positions, value_states)
+            self.cumulative_length.add_(key_states.shape[-2])
+            return self.keys, self.values
+
+    return PositionedLayer
+
+
 class StaticDecoderStep(torch.nn.Module):
     """A decoder-only model step over a flat ``StaticCache`` of ``max_cache_len`` positions:
     ``(input_ids (B, q), attention_mask (B, M), cache_position (q,), past_key_values [2L x (B, H, M, D)])
@@ -150,13 +182,8 @@ class StaticDecoderStep(torch.nn.Module):
 
         cache = StaticCache(config=self.config, max_cache_len=self.max_cache_len)
         for layer, i in zip(cache.layers, range(0, len(past_key_values), 2)):
-            layer.batch_size, layer.num_heads = past_key_values[i].shape[0], past_key_values[i].shape[1]
-            layer.k_head_dim, layer.v_head_dim = past_key_values[i].shape[-1], past_key_values[i + 1].shape[-1]
-            layer.dtype, layer.device = past_key_values[i].dtype, past_key_values[i].device
-            layer.keys, layer.values = past_key_values[i].clone(), past_key_values[i + 1].clone()
-            # the layer writes at cumulative_length .. + q (a tensor it advances in place)
-            layer.cumulative_length = cache_position[0].clone()
-            layer.is_initialized = True
+            # the layer writes at cumulative_length .. + q (a tensor it advances in place), into copies of the inputs
+            _fill_static_layer(layer, past_key_values[i].clone(), past_key_values[i + 1].clone(), cache_position[0])
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -215,25 +242,6 @@ class ProgramCacheStep(torch.nn.Module):
         self._positions = _accepts(model, "position_ids")
 
     @staticmethod
-    def _positioned_layer(max_cache_len: int) -> Any:
-        """A ``StaticLayer`` that writes the new keys and values at the step's ``cache_position`` itself
-        (``index_copy_`` along the sequence axis), where transformers' layer writes at ``arange(q)`` past
-        its own running length: the program's write positions are then its input, which the runners
-        bound-check (:func:`hf_exporters.exporters.executorch.input_index_bounds`)."""
-        from transformers.cache_utils import StaticLayer
-
-        class PositionedLayer(StaticLayer):
-            positions: torch.Tensor
-
-            def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-                self.keys.index_copy_(2, self.positions, key_states)
-                self.values.index_copy_(2, self.positions, value_states)
-                self.cumulative_length.add_(key_states.shape[-2])
-                return self.keys, self.values
-
-        return PositionedLayer(max_cache_len)
-
-    @staticmethod
     def _cache(config: Any, max_cache_len: int) -> Any:
         """A ``StaticCache`` of ``max_cache_len`` positions whose sliding-window layers with a window of at
         least ``max_cache_len`` are full layers: such a window never drops a position the cache holds."""
@@ -246,17 +254,14 @@ class ProgramCacheStep(torch.nn.Module):
         return cache
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        cache = self._cache(self.text_config, self.max_cache_len)
-        cache.layers = [self._positioned_layer(self.max_cache_len) for _ in cache.layers]
+        from transformers.cache_utils import StaticCache
+
+        cache = StaticCache(config=self.text_config, max_cache_len=self.max_cache_len)
+        cache.layers = [_positioned_layer_class()(self.max_cache_len) for _ in range(self.layers)]
         for i, layer in enumerate(cache.layers):
             layer.positions = cache_position
-            keys, values = getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}")
-            layer.batch_size, layer.num_heads = keys.shape[0], keys.shape[1]
-            layer.k_head_dim, layer.v_head_dim = keys.shape[-1], values.shape[-1]
-            layer.dtype, layer.device = keys.dtype, keys.device
-            layer.keys, layer.values = keys, values  # not copies: the layer writes into the buffers
-            layer.cumulative_length = cache_position[0].clone()
-            layer.is_initialized = True
+            # not copies: the layer writes into the buffers
+            _fill_static_layer(layer, getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}"), cache_position[0])
         kwargs: dict[str, Any] = {"input_ids": input_ids, "cache_position": cache_position, "past_key_values": cache, "use_cache": True}
         if self._positions:
             kwargs["position_ids"] = cache_position.unsqueeze(0)

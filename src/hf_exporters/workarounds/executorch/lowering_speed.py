@@ -360,7 +360,7 @@ def _edge_op_arg_checker() -> Any:
             return None
 
     class _Checker(EdgeOpArgValidator, _NoCall):
-        pass
+        """The validator's checks, its operator call resolved to :class:`_NoCall`'s (method order)."""
 
     return _Checker
 
