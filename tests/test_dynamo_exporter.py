@@ -1,6 +1,7 @@
 """DynamoExporter on the real MiniLM and on small modules: signature restore, static-axis report,
 state cleanup, pytree round trip of caches, concurrent exports."""
 
+import gc
 import itertools
 import re
 import threading
@@ -122,6 +123,53 @@ def test_trace_failure_is_a_stage_error_with_the_blamed_line():
     assert error.exporter == "dynamo" and error.stage == "trace (torch.export.export)"
     assert error.blamed.endswith("(forward: if x.sum() > 0:  # the blamed line)")
     assert str(error).startswith("[dynamo] trace (torch.export.export) failed: ")
+
+
+_FREEZE_COUNTS: list[int] = []  # outside the module: the trace restores the module's own attributes
+
+
+class _SeesFrozenObjects(torch.nn.Module):
+    """Records in ``_FREEZE_COUNTS``, while it is traced, how many objects the collector leaves out;
+    ``fail`` makes the trace fail."""
+
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.fail = fail
+
+    def forward(self, x):
+        _FREEZE_COUNTS.append(gc.get_freeze_count())
+        if self.fail and x.sum() > 0:
+            return x
+        return x * 2
+
+
+def test_objects_older_than_an_export_are_left_out_of_collections_during_it_only():
+    assert gc.get_freeze_count() == 0
+    _FREEZE_COUNTS.clear()
+    DynamoExporter().export(_SeesFrozenObjects(), {"x": torch.ones(3)})
+    assert _FREEZE_COUNTS and min(_FREEZE_COUNTS) > 0  # the process's objects, frozen for the trace
+    assert gc.get_freeze_count() == 0  # and given back to the collector
+    _FREEZE_COUNTS.clear()
+    with pytest.raises(ExportStageError):
+        DynamoExporter().export(_SeesFrozenObjects(fail=True), {"x": torch.ones(3)})
+    assert _FREEZE_COUNTS and min(_FREEZE_COUNTS) > 0 and gc.get_freeze_count() == 0  # a failed export too
+
+
+def test_a_process_that_froze_its_objects_keeps_them_frozen_and_a_disabled_collector_stays_untouched():
+    marker = [[]]  # a container the collector tracks; get_objects() lists it only while it is not frozen
+    gc.freeze()
+    try:
+        DynamoExporter().export(_SeesFrozenObjects(), {"x": torch.ones(3)})
+        assert not any(o is marker for o in gc.get_objects())  # still frozen: the export did not unfreeze it
+    finally:
+        gc.unfreeze()
+    _FREEZE_COUNTS.clear()
+    gc.disable()
+    try:
+        DynamoExporter().export(_SeesFrozenObjects(), {"x": torch.ones(3)})
+    finally:
+        gc.enable()
+    assert _FREEZE_COUNTS and set(_FREEZE_COUNTS) == {0}
 
 
 def test_inputs_must_be_a_mapping():

@@ -20,6 +20,7 @@ from ..runtime.torch_runner import ExportedProgramRunner
 from ..shapes import auto_dynamic_shapes, axis_report, recorded_guards
 from ._common import (
     cleared_model_state,
+    existing_objects_frozen,
     first_line,
     flat_forward_signature,
     normalize_inputs,
@@ -188,7 +189,7 @@ class DynamoExporter:
         inputs = normalize_inputs(inputs)
         model.eval()
         seconds: dict[str, float] = {}
-        with registry.export_lock(), registry.recording_fired() as fired, torch.no_grad(), contextlib.ExitStack() as stack:
+        with registry.export_lock(), existing_objects_frozen(), registry.recording_fired() as fired, torch.no_grad(), contextlib.ExitStack() as stack:
             # ── Stage 1: Forward signature patch ──
             with stage(self.name, "Stage 1: Forward signature patch", seconds):
                 stack.enter_context(flat_forward_signature(model, list(inputs)))

@@ -21,7 +21,7 @@ from ..runtime.et_runner import index_bounds_method, input_mutations_method
 from ..shapes import size_oblivious_sizes
 from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
 from ..workarounds.executorch.lowering_speed import check_pinned_internals, defer_auto_functionalized_module
-from ._common import normalize_inputs, stage
+from ._common import existing_objects_frozen, normalize_inputs, stage
 from .executorch_quantize import check_embedding_quantize, check_quantize, fuse_quantized_embeddings, quantize_embeddings, quantize_linears
 from .dynamo import DynamoExporter
 from .result import ExportResult, trace_stage_seconds
@@ -238,7 +238,7 @@ class ExecutorchExporter(DynamoExporter):
         traced: dict[str, ExportResult] = {}
         own: dict[str, list[Any]] = {name: [] for name in methods}  # the workarounds each method's stages fired
         embeddings = None
-        with registry.export_lock(), registry.recording_fired() as fired, contextlib.ExitStack() as stack:
+        with registry.export_lock(), existing_objects_frozen(), registry.recording_fired() as fired, contextlib.ExitStack() as stack:
             for name, (model, inputs) in methods.items():
                 with registry.recording_fired() as method_fired:
                     method_config = configs[name]

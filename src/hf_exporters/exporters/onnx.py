@@ -19,7 +19,7 @@ from ..errors import ExportStageError
 from ..known_issues import ONNX_DISABLE_OPTIMIZE
 from ..pytree import register_model_pytrees
 from ..shapes import output_names
-from ._common import blamed_line, first_line, normalize_inputs, stage
+from ._common import blamed_line, existing_objects_frozen, first_line, normalize_inputs, stage
 from .dynamo import DynamoExporter
 from .onnx_optimize import default_opset, fuse_for_onnxruntime, newest_opset, optimize_level
 from .onnx_quantize import check_quantize, quantize_model
@@ -151,7 +151,7 @@ class OnnxExporter(DynamoExporter):
         self.fusions = {}
         fx_fixes = [0]  # nodes the FX node fixes consumed, in Stage 3 and after the decomposition
 
-        with registry.export_lock(), registry.recording_fired() as fired:
+        with registry.export_lock(), existing_objects_frozen(), registry.recording_fired() as fired:
             with contextlib.ExitStack() as stack:  # the Stage 1 and 2 patches: for the trace and the lowering
                 # ── Stage 1: Torch patches ──
                 with stage(self.name, "Stage 1: Torch patches", seconds):
