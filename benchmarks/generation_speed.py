@@ -21,7 +21,9 @@ nothing a real checkpoint would show (``8da4w`` of a random model is refused by 
 
 ``executorch-program`` and ``executorch-8da4w-program`` hold the key/value cache in the program (``--kv-cache
 program``: one method driven by position, no cache tensor in or out of a step) instead of passing it through
-every step.
+every step, written and attended with ExecuTorch's LLM operators (``llama::update_cache``,
+``llama::custom_sdpa``); ``executorch-program-torch-sdpa`` and ``executorch-8da4w-program-torch-sdpa`` are the
+same with ``--no-custom-sdpa`` (torch's attention over the whole static cache).
 
 ``--backends`` may also name ``optimum``: optimum-onnx's export of the same weights
 (``main_export(task="text-generation-with-past")`` of the checkpoint written with ``save_pretrained``) run by
@@ -128,19 +130,21 @@ def export(model_name: str, backend: str, folder: str, prompt_len: int) -> float
         if done.returncode != 0:
             raise RuntimeError("optimum main_export failed: " + (done.stderr.strip().splitlines() or ["?"])[-1])
         return time.perf_counter() - started
-    base, quantize, embeddings, kv_cache = (*VARIANTS.get(backend, (backend, None, None)), "io")[:4]
+    base, quantize, embeddings, kv_cache, custom_sdpa = (*VARIANTS.get(backend, (backend, None, None)), "io", True)[:5]
     exporter = make_exporter(base)
     started = time.perf_counter()
     config = make_config(exporter, True, None, quantize=quantize, quantize_embeddings=embeddings)
-    artifacts = export_for_generation(exporter, model, _inputs(model_name, prompt_len), config, kv_cache=kv_cache)
+    artifacts = export_for_generation(exporter, model, _inputs(model_name, prompt_len), config, kv_cache=kv_cache, custom_sdpa=custom_sdpa)
     artifacts.save_pretrained(folder, validate=False)
     return time.perf_counter() - started
 
 
-#: variants ``--backends`` may name: (backend, --quantize, --qembedding[, --kv-cache])
+#: variants ``--backends`` may name: (backend, --quantize, --qembedding[, --kv-cache[, --custom-sdpa]])
 VARIANTS = {
     "executorch-program": ("executorch", None, None, "program"),
     "executorch-8da4w-program": ("executorch", "8da4w", "8w", "program"),
+    "executorch-program-torch-sdpa": ("executorch", None, None, "program", False),
+    "executorch-8da4w-program-torch-sdpa": ("executorch", "8da4w", "8w", "program", False),
     "executorch-8da4w": ("executorch", "8da4w", "8w"),
     "executorch-8da8w": ("executorch", "8da8w", "8w"),
     "onnx-int8": ("onnx", "int8-dynamic", None),

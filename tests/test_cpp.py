@@ -238,12 +238,14 @@ def test_cpp_greedy_ids_equal_eager_generate(llama_generation):
     assert bound_ids == eager[0].tolist() and new_tokens == 8
 
 
-@pytest.fixture(scope="module")
-def llama_program_cache(tmp_path_factory):
+@pytest.fixture(scope="module", params=[True, False], ids=["custom-sdpa", "torch-attention"])
+def llama_program_cache(tmp_path_factory, request):
+    """With ExecuTorch's LLM operators (llama::update_cache, llama::custom_sdpa: hfx-run links their kernels)
+    and without."""
     root = tmp_path_factory.mktemp("cpp-program-cache")
     model = spread_tiny_llama(root / "ckpt")
     folder = root / "gen-pte"
-    export_generation_folder(root / "ckpt", "executorch", folder, kv_cache="program", max_seq_len=24)
+    export_generation_folder(root / "ckpt", "executorch", folder, kv_cache="program", max_seq_len=24, custom_sdpa=request.param)
     return model, folder
 
 

@@ -20,12 +20,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MAX_SEQ_LEN = 32
 
 
-@pytest.fixture(scope="module")
-def program_folder(tmp_path_factory):
+def _operators(pte) -> set[str]:
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    plans = deserialize_pte_binary(pte.read_bytes()).program.execution_plan
+    return {op.name for plan in plans for op in plan.operators}
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["custom-sdpa", "torch-attention"])
+def program_folder(tmp_path_factory, request):
     root = tmp_path_factory.mktemp("program-cache")
     model = spread_tiny_llama(root / "ckpt")
     folder = root / "out"
-    manifest = export_generation_folder(root / "ckpt", "executorch", folder, kv_cache="program", max_seq_len=MAX_SEQ_LEN)
+    manifest = export_generation_folder(root / "ckpt", "executorch", folder, kv_cache="program", max_seq_len=MAX_SEQ_LEN, custom_sdpa=request.param)
     return model, folder, manifest
 
 
@@ -34,6 +41,10 @@ def test_one_method_takes_ids_and_positions_and_returns_logits_only(program_fold
     assert list(manifest["parts"]) == ["decode"]
     part = manifest["parts"]["decode"]
     assert part["cache"]["kind"] == "program" and part["cache"]["max_cache_len"] == MAX_SEQ_LEN and part["cache"]["layers"] == 2
+    custom = part["cache"]["custom_ops"]
+    llama_ops = {op for op in _operators(folder / part["file"]) if op.startswith("llama::")}
+    # ExecuTorch's operators write the cache (twice per layer: keys, values) and attend over it, or none of them
+    assert llama_ops == ({"llama::update_cache", "llama::custom_sdpa"} if custom else set())
     assert [i["name"] for i in part["inputs"]] == ["input_ids", "cache_position"] and part["outputs"] == ["logits"]
     assert part["parity"]["ok"] and part["parity"]["max_abs_eager"] > 1.0  # the prompt's logits match eager, and carry signal
     assert part["method"] == "forward"  # the program's one method, as ExecuTorch's runners call it
@@ -116,3 +127,61 @@ def test_a_short_cache_cuts_the_example_prompt_and_a_long_window_is_a_full_cache
     with torch.no_grad():
         eager = mistral.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
     assert ExportedGenerator.from_pretrained(tmp_path / "mistral-out").generate(ids, max_new_tokens=6).tolist() == eager.tolist()
+
+
+def test_the_custom_operator_step_equals_torch_attention_and_restores_the_attention_implementation():
+    """``llama::update_cache`` / ``llama::custom_sdpa`` (grouped-query: 4 heads over 2 key/value heads) give
+    the logits of torch's attention over the same cache, prompt then one token; the model's attention
+    implementation is its own again after each call."""
+    from hf_exporters.generation.steps import ProgramCacheStep
+
+    model = spread_tiny_llama()
+    before = model.config._attn_implementation
+    custom, plain = ProgramCacheStep(model, 16, custom_ops=True), ProgramCacheStep(model, 16)
+    assert tuple(custom.key_cache_0.shape) == (1, 16, 2, 8) and tuple(plain.key_cache_0.shape) == (1, 2, 16, 8)
+    with torch.no_grad():
+        for ids, positions in [(torch.tensor([[5, 17, 33, 2]]), torch.arange(4)), (torch.tensor([[71]]), torch.tensor([4]))]:
+            got, expected = custom(ids, positions), plain(ids, positions)
+            assert expected.abs().max() > 1.0 and torch.allclose(got, expected, atol=1e-4, rtol=0)
+            assert model.config._attn_implementation == before
+
+
+def test_custom_sdpa_without_the_operators_is_one_error(tmp_path, monkeypatch):
+    from hf_exporters.generation import executorch_ops
+
+    monkeypatch.setattr(executorch_ops, "load_custom_ops", lambda: False)
+    checkpoint = tmp_path / "ckpt"
+    spread_tiny_llama(checkpoint)
+    with pytest.raises(InputError) as caught:
+        export_generation_folder(checkpoint, "executorch", tmp_path / "out", kv_cache="program", max_seq_len=MAX_SEQ_LEN)
+    assert str(caught.value) == (
+        "--custom-sdpa needs ExecuTorch's LLM operators (executorch.extension.llm.custom_ops), which the installed "
+        "executorch lacks; use --no-custom-sdpa"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_attention_the_custom_operator_lacks_is_refused_and_exports_with_torch_attention(tmp_path):
+    """Gemma 2 soft-caps its attention logits, which ``llama::custom_sdpa`` does not: one error naming the
+    way out, and ``custom_sdpa=False`` exports it (its ids equal eager's)."""
+    import transformers
+
+    from hf_exporters.errors import ExportStageError
+
+    config = transformers.Gemma2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=64, eos_token_id=None)
+    torch.manual_seed(0)
+    gemma = transformers.Gemma2ForCausalLM(config).eval()
+    gemma.save_pretrained(tmp_path / "gemma2")
+    with pytest.raises(ExportStageError) as caught:
+        export_generation_folder(tmp_path / "gemma2", "executorch", tmp_path / "out", kv_cache="program", max_seq_len=16)
+    assert str(caught.value).splitlines()[0] == (
+        "[executorch] trace (torch.export.export) failed: InputError: ExecuTorch's custom SDPA has no softcap "
+        "(Gemma2Attention uses it); export with --no-custom-sdpa"
+    )
+    assert not (tmp_path / "out").exists()
+    export_generation_folder(tmp_path / "gemma2", "executorch", tmp_path / "out", kv_cache="program", max_seq_len=16, custom_sdpa=False)
+    ids = torch.tensor([[5, 17, 33]])
+    with torch.no_grad():
+        eager = gemma.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
+    assert ExportedGenerator.from_pretrained(tmp_path / "out").generate(ids, max_new_tokens=5).tolist() == eager.tolist()

@@ -125,6 +125,13 @@ def export(
         "holding the key/value cache as mutable buffers, batch 1, --max-seq-len positions, driven by position as "
         "ExecuTorch's LLM runner drives it).",
     ),
+    custom_sdpa: bool = typer.Option(
+        True,
+        "--custom-sdpa/--no-custom-sdpa",
+        help="With --kv-cache program: write and attend the cache with ExecuTorch's LLM operators (llama::update_cache, "
+        "llama::custom_sdpa; each step attends over the filled positions only). --no-custom-sdpa keeps torch's attention "
+        "over the whole cache.",
+    ),
     on_static_axis: _OnStaticAxis = typer.Option(
         "warn", "--on-static-axis", help="With --dynamic, an axis that ends static (fixed by the trace or pinned by a guard): warn | error."
     ),
@@ -172,6 +179,7 @@ def export(
             _export(
                 model, output, backend, task, dynamic, recipe, validate, atol, overwrite, aoti, max_seq_len, allow_random_weights,
                 _OnStaticAxis(on_static_axis).value, opset, optimize, quantize, trust_remote_code, dtype, group_size, qembedding, kv_cache,
+                custom_sdpa,
             )
     except interrupts.Interrupted as stop:
         _fail(f"{stop}; nothing was written to {output}", stop.exit_code)
@@ -199,6 +207,7 @@ def _export(
     group_size: Optional[int] = None,
     qembedding: Optional[str] = None,
     kv_cache: str = "io",
+    custom_sdpa: bool = True,
 ) -> None:
     from .checkpoints import resolve_model
     from .errors import HfExportersError, InputError
@@ -231,7 +240,7 @@ def _export(
                 path, backend, output, recipe=recipe, validate=validate, overwrite=overwrite, aoti=aoti,
                 allow_random_weights=allow_random_weights, max_seq_len=max_seq_len, opset=opset, optimize=optimize,
                 trust_remote_code=trust_remote_code, quantize=quantize, group_size=group_size, quantize_embeddings=qembedding,
-                kv_cache=kv_cache,
+                kv_cache=kv_cache, custom_sdpa=custom_sdpa,
             )
             parts = ", ".join(f"{name} ({part['file']})" for name, part in manifest["parts"].items())
             typer.echo(f"exported {manifest['model_class']} for generation with {backend} to {output}: {parts}")

@@ -37,7 +37,7 @@ def _input_mutation_outputs(exported: torch.export.ExportedProgram) -> int:
 _VALUE_PRESERVING = frozenset({
     "view", "view_copy", "_unsafe_view", "reshape", "expand", "expand_copy", "permute", "permute_copy", "squeeze", "squeeze_copy",
     "unsqueeze", "unsqueeze_copy", "clone", "_clone_dim_order", "_to_copy", "_to_dim_order_copy", "slice", "slice_copy",
-    "select", "select_copy", "alias", "alias_copy", "flatten", "contiguous",
+    "select", "select_copy", "alias", "alias_copy", "flatten", "contiguous", "_local_scalar_dense",
 })
 
 #: the kinds of bound :func:`input_index_bounds` records (kept in sync with the runners' messages)
@@ -45,7 +45,11 @@ EMBEDDING_ROWS, AXIS_POSITIONS = 0, 1
 
 
 def _operator_name(target: Any) -> str:
-    """``aten.view_copy.default`` -> ``view_copy`` (the edge dialect's and torch's operators alike)."""
+    """``aten.view_copy.default`` -> ``view_copy`` (the edge dialect's and torch's operators alike, custom
+    operators included); a higher-order operator's name (``auto_functionalized_v2``)."""
+    name = getattr(getattr(target, "_op", target), "_opname", None)  # an edge operator wraps torch's
+    if isinstance(name, str):
+        return name
     parts = str(target).split(".")
     return parts[-2] if len(parts) >= 3 else parts[-1]
 
@@ -56,8 +60,9 @@ def input_index_bounds(exported: torch.export.ExportedProgram) -> list[int]:
     method's inputs, the size it indexes and the kind of bound: :data:`EMBEDDING_ROWS` (the rows of an
     embedding table: ``aten.embedding``, ExecuTorch's quantized ``embedding_byte`` / ``embedding_4bit``) or
     :data:`AXIS_POSITIONS` (an axis written or read at the index: ``index_put``, ``index_copy``,
-    ``index_select``, as a cache held in the program is written at ``cache_position``). An input indexing
-    several tensors gets the smallest size.
+    ``index_select``, and the start position of ExecuTorch's ``llama::update_cache`` and ``llama::custom_sdpa``,
+    read from the input with ``.item()``, as a cache held in the program is written at ``cache_position``). An
+    input indexing several tensors gets the smallest size.
 
     ExecuTorch's quantized embedding kernels check an index with ``ET_CHECK``, which aborts the whole
     process on an index outside ``[0, size)``, and its ``index_put`` checks only part of an index tensor;
@@ -103,6 +108,15 @@ def input_index_bounds(exported: torch.export.ExportedProgram) -> list[int]:
                 record(index, size(node.args[0], axis), AXIS_POSITIONS)
         elif name in ("index_copy", "index_copy_", "index_select") and isinstance(node.args[1], int):
             record(node.args[2], size(node.args[0], node.args[1]), AXIS_POSITIONS)
+        elif name == "update_cache" and len(node.args) > 2:  # ExecuTorch's llama::update_cache(value, cache, start_pos)
+            record(node.args[2], size(node.args[1], 1), AXIS_POSITIONS)
+        elif name in ("auto_functionalized", "auto_functionalized_v2") and node.args and _operator_name(node.args[0]) == "update_cache":
+            # the same call as functionalisation leaves it: the cache is a keyword, or one of the mutated bases
+            kwargs = node.kwargs
+            cache = kwargs["cache"] if "cache" in kwargs else kwargs.get("_all_bases", [None])[kwargs.get("_cache_base_index", 0)]
+            record(kwargs.get("start_pos"), size(cache, 1), AXIS_POSITIONS)
+        elif name == "custom_sdpa" and len(node.args) > 3:  # llama::custom_sdpa(query, key_cache, value_cache, start_pos, ...)
+            record(node.args[3], size(node.args[1], 1), AXIS_POSITIONS)
     return [v for at in sorted(bounds) for v in (at, *bounds[at])]
 
 

@@ -154,7 +154,7 @@ class GenerationArtifacts(dict):
                 for path_checked in checked if validate and not self.quantized else []:
                     runner = self.exporter.load_runner(path_checked, method) if method is not None else self.exporter.load_runner(path_checked)
                     with torch.no_grad():
-                        expected = part.module(**_copy_inputs(part.inputs))
+                        expected = (part.reference or part.module)(**_copy_inputs(part.inputs))
                     expected = list(expected) if isinstance(expected, tuple) else [expected]
                     actual = [torch.as_tensor(a) for a in runner(_copy_inputs(part.inputs))]
                     diffs = compare_leaves(list(zip(part.output_names, expected)), actual, self.exporter.default_atol)
@@ -333,7 +333,8 @@ def _widen_batch(inputs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def export_for_generation(
-    exporter: Any, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any = None, generation_config: Any = None, kv_cache: str = "io"
+    exporter: Any, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any = None, generation_config: Any = None, kv_cache: str = "io",
+    custom_sdpa: bool = True,
 ) -> GenerationArtifacts:
     """Export each part of ``model``'s generation loop with ``exporter`` (dynamic batch, sequence and cache axes).
 
@@ -348,6 +349,9 @@ def export_for_generation(
             (ExecuTorch, decoder-only: one method whose key/value cache is held in the program as mutable
             buffers, for batch 1 and ``config.max_seq_len`` positions (default 128), driven by position;
             see :func:`~hf_exporters.generation.parts.program_cache_parts`).
+        custom_sdpa: with ``kv_cache="program"``, write and attend the cache with ExecuTorch's LLM operators
+            (``llama::update_cache``, ``llama::custom_sdpa``: each step attends over the filled positions
+            only); False keeps torch's attention over the whole static cache.
 
     A batch of 1 in ``inputs`` is repeated to a batch of 2 for the trace (see :func:`_widen_batch`);
     the graphs take any batch size.
@@ -370,9 +374,15 @@ def export_for_generation(
         if exporter.name != "executorch":
             raise InputError(f"--kv-cache program holds the cache in an ExecuTorch program; use --backend executorch, not {exporter.name!r}")
         from ..workarounds.executorch.fx_program_fixes import UNBOUNDED_DIM_MAX
+        from .executorch_ops import load_custom_ops
 
         model.eval()
-        parts = program_cache_parts(model, inputs, getattr(base, "max_seq_len", None) or UNBOUNDED_DIM_MAX)
+        if custom_sdpa and not load_custom_ops():
+            raise InputError(
+                "--custom-sdpa needs ExecuTorch's LLM operators (executorch.extension.llm.custom_ops), which the installed "
+                "executorch lacks; use --no-custom-sdpa"
+            )
+        parts = program_cache_parts(model, inputs, getattr(base, "max_seq_len", None) or UNBOUNDED_DIM_MAX, custom_ops=custom_sdpa)
     else:
         parts = build_parts(model, _widen_batch(inputs), generation_config)
     artifacts: dict[str, Any] = {}
@@ -445,6 +455,7 @@ def export_generation_folder(
     group_size: int | None = None,
     quantize_embeddings: str | None = None,
     kv_cache: str = "io",
+    custom_sdpa: bool = True,
 ) -> dict[str, Any]:
     """Load the checkpoint folder ``model_path`` (or a hub id in the Hugging Face cache; a checkpoint with its own
     code only with ``trust_remote_code``), export its generation parts with ``backend`` and write ``output``.
@@ -452,8 +463,8 @@ def export_generation_folder(
     The example inputs are the tokenizer's encoding of ``prompt`` (or 8 token ids when the folder has
     no tokenizer). Used by ``hf-exporters export --task text-generation`` / ``text2text-generation``.
 
-    ``kv_cache="program"`` (executorch, decoder-only) holds the key/value cache in the program (see
-    :func:`export_for_generation`).
+    ``kv_cache="program"`` (executorch, decoder-only) holds the key/value cache in the program, written and
+    attended with ExecuTorch's LLM operators unless ``custom_sdpa`` is False (see :func:`export_for_generation`).
 
     ``quantize`` (executorch ``8da4w`` / ``8da8w`` with ``group_size``; onnx ``int8-dynamic``) and
     ``quantize_embeddings`` (executorch ``8w``) quantize every part's weights as a single-model export
@@ -502,7 +513,7 @@ def export_generation_folder(
         vocab = config.get_text_config().vocab_size
         ids = torch.arange(1, 9).remainder(vocab).unsqueeze(0)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    artifacts = export_for_generation(exporter, model, inputs, exporter_config, kv_cache=kv_cache)
+    artifacts = export_for_generation(exporter, model, inputs, exporter_config, kv_cache=kv_cache, custom_sdpa=custom_sdpa)
     return artifacts.save_pretrained(
         out, preprocessor=preprocessor, validate=validate, overwrite=overwrite, source_model=str(path.resolve()), aoti=aoti
     )

@@ -35,6 +35,8 @@ class GenerationPart:
         cache: cache layout (``kind``, ``layers``, ``tensor_layout``), or None for the encoder.
         extra: loop facts written to the manifest (``returns_decoder_prompt``: whether eager
             ``generate()`` returns the decoder start tokens of an encoder-decoder model).
+        reference: the module the artifact's parity is checked against, where it is not ``module`` (a step
+            whose exported attention is ExecuTorch's operator is checked against the model's own attention).
     """
 
     name: str
@@ -45,6 +47,7 @@ class GenerationPart:
     output_names: list[str]
     cache: dict[str, Any] | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    reference: torch.nn.Module | None = None
 
 
 def _auto(*axes: int) -> dict[int, Any]:
@@ -464,14 +467,16 @@ def _seq2seq_parts(model: torch.nn.Module, captured: dict[str, dict[str, Any]]) 
 KV_CACHE_LAYOUTS = ("io", "program")
 
 
-def program_cache_parts(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache_len: int) -> dict[str, GenerationPart]:
+def program_cache_parts(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache_len: int, custom_ops: bool = False) -> dict[str, GenerationPart]:
     """The one part of a decoder-only model whose key/value cache lives in the program, as ExecuTorch's
     LLM runner drives it: ``(input_ids (1, q), cache_position (q,)) -> logits (1, q, V)``
     (:class:`~hf_exporters.generation.steps.ProgramCacheStep`).
 
     The same method runs the prompt (``q = T``, ``cache_position = 0..T-1``) and each new token (``q = 1``,
     the next position), with no cache tensor passed in or out. Positions are absolute: a new prompt starts
-    again at 0.
+    again at 0. With ``custom_ops`` the cache is written and attended with ExecuTorch's LLM operators
+    (``llama::update_cache``, ``llama::custom_sdpa``: :mod:`hf_exporters.generation.executorch_ops`), in
+    ``(1, max_cache_len, kv_heads, head_dim)`` buffers, and each step attends over the filled positions only.
 
     Raises:
         InputError: the model is an encoder-decoder or multimodal model, its cache has recurrent layers or
@@ -485,13 +490,22 @@ def program_cache_parts(model: torch.nn.Module, inputs: Mapping[str, Any], max_c
     if max_cache_len < 2:
         raise InputError(f"--kv-cache program needs a --max-seq-len of at least 2, got {max_cache_len}")
     ids = ids[:1, : max_cache_len - 1]  # the example prompt, cut to leave the cache room for a new token
-    step = ProgramCacheStep(model, max_cache_len)
+    step = ProgramCacheStep(model, max_cache_len, custom_ops=custom_ops)
     layout = {
         "kind": "program",
         "layers": step.layers,
         "max_cache_len": max_cache_len,
         "batch_size": 1,
-        "tensor_layout": "held in the program: (1, kv_heads, max_cache_len, head_dim) key and value buffers per layer, written at cache_position",
+        "tensor_layout": (
+            "held in the program: (1, max_cache_len, kv_heads, head_dim) key and value buffers per layer, written at "
+            "cache_position[0] by llama::update_cache and attended by llama::custom_sdpa"
+            if custom_ops
+            else "held in the program: (1, kv_heads, max_cache_len, head_dim) key and value buffers per layer, written at cache_position"
+        ),
+        "custom_ops": bool(custom_ops),
     }
     example = {"input_ids": ids.clone(), "cache_position": torch.arange(ids.shape[1])}
-    return {"decode": GenerationPart("decode", "decode", step, example, {"input_ids": {1: _SEQ}, "cache_position": {0: _SEQ}}, ["logits"], layout)}
+    # with the custom operators, parity is against the model's own attention over a cache of the same length
+    reference = ProgramCacheStep(model, max_cache_len) if custom_ops else None
+    shapes = {"input_ids": {1: _SEQ}, "cache_position": {0: _SEQ}}
+    return {"decode": GenerationPart("decode", "decode", step, example, shapes, ["logits"], layout, reference=reference)}

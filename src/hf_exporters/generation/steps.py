@@ -212,12 +212,17 @@ class ProgramCacheStep(torch.nn.Module):
     layer's write position as a buffer too, and its program fails ``run_decompositions`` in torch 2.13
     (AOTAutograd's duplicate-argument wrapper); here the position comes from ``cache_position`` alone.
 
+    With ``custom_ops`` (ExecuTorch's LLM operators, :mod:`hf_exporters.generation.executorch_ops`), the
+    buffers are ``(1, max_cache_len, kv_heads, head_dim)``, ``llama::update_cache`` writes them at
+    ``cache_position[0]`` and ``llama::custom_sdpa`` attends over the filled positions only; the model's
+    attention implementation is switched to that operator for the step's forward and restored after.
+
     Raises:
         InputError: a layer of the model's cache is not a full static layer (sliding-window, chunked or
             recurrent layers: their update is data-dependent).
     """
 
-    def __init__(self, model: torch.nn.Module, max_cache_len: int):
+    def __init__(self, model: torch.nn.Module, max_cache_len: int, custom_ops: bool = False):
         super().__init__()
         from transformers.cache_utils import StaticLayer
         from transformers.configuration_utils import get_head_shapes
@@ -236,9 +241,11 @@ class ProgramCacheStep(torch.nn.Module):
         heads, head_dim = get_head_shapes(config)
         cache.early_initialization(1, heads, head_dim, model.dtype, torch.device("cpu"))
         self.layers = len(cache.layers)
+        self.custom_ops = custom_ops
         for i, layer in enumerate(cache.layers):
-            self.register_buffer(f"key_cache_{i}", torch.zeros_like(layer.keys), persistent=False)
-            self.register_buffer(f"value_cache_{i}", torch.zeros_like(layer.values), persistent=False)
+            keys, values = (layer.keys.transpose(1, 2), layer.values.transpose(1, 2)) if custom_ops else (layer.keys, layer.values)
+            self.register_buffer(f"key_cache_{i}", torch.zeros_like(keys, memory_format=torch.contiguous_format), persistent=False)
+            self.register_buffer(f"value_cache_{i}", torch.zeros_like(values, memory_format=torch.contiguous_format), persistent=False)
         self._positions = _accepts(model, "position_ids")
 
     @staticmethod
@@ -257,14 +264,27 @@ class ProgramCacheStep(torch.nn.Module):
         from transformers.cache_utils import StaticCache
 
         cache = StaticCache(config=self.text_config, max_cache_len=self.max_cache_len)
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "cache_position": cache_position, "past_key_values": cache, "use_cache": True}
+        if self._positions:
+            kwargs["position_ids"] = cache_position.unsqueeze(0)
+        if self.custom_ops:
+            from .executorch_ops import custom_op_attention, custom_op_layer_class
+
+            start = cache_position[0].item()
+            torch._check_is_size(start)
+            torch._check(start + input_ids.shape[1] <= self.max_cache_len)
+            cache.layers = [custom_op_layer_class()(self.max_cache_len) for _ in range(self.layers)]
+            for i, layer in enumerate(cache.layers):
+                # the buffers, (1, M, kv_heads, head_dim): the layer reports the heads-first shape transformers reads
+                _fill_static_layer(layer, getattr(self, f"key_cache_{i}").transpose(1, 2), getattr(self, f"value_cache_{i}").transpose(1, 2), cache_position[0])
+                layer.keys, layer.values = getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}")
+            with custom_op_attention(self.model.config, start):
+                return self.model(**kwargs).logits
         cache.layers = [_positioned_layer_class()(self.max_cache_len) for _ in range(self.layers)]
         for i, layer in enumerate(cache.layers):
             layer.positions = cache_position
             # not copies: the layer writes into the buffers
             _fill_static_layer(layer, getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}"), cache_position[0])
-        kwargs: dict[str, Any] = {"input_ids": input_ids, "cache_position": cache_position, "past_key_values": cache, "use_cache": True}
-        if self._positions:
-            kwargs["position_ids"] = cache_position.unsqueeze(0)
         return self.model(**kwargs).logits
 
 

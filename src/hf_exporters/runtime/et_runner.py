@@ -195,6 +195,24 @@ def _register_quantized_kernels() -> None:
         pass
 
 
+def _register_llm_kernels() -> None:
+    """Load ExecuTorch's LLM operator library (``extension/llm/custom_ops``), whose kernels
+    (``llama::update_cache`` and ``llama::custom_sdpa`` of a cache held in the program) the wheel's runtime
+    does not hold, as the C++ runner links it. Only the shared library is loaded: the operators' shapes for
+    tracing (ExecuTorch's ``custom_ops`` module, which imports inductor) are the exporter's to load."""
+    import importlib.util
+    from pathlib import Path
+
+    if hasattr(torch.ops.llama, "custom_sdpa"):
+        return
+    spec = importlib.util.find_spec("executorch.extension.llm.custom_ops")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        found = sorted(Path(folder).glob("*custom_ops_aot_lib.*"))
+        if found:  # an executorch build without it: such a program fails to load, naming the operator
+            torch.ops.load_library(str(found[0]))
+            return
+
+
 class ExecutorchRunner:
     """Loads ``path`` (a ``.pte`` file, or its bytes) and runs its ``method`` (``forward`` by default; a
     generation folder's parts are the methods of one program).
@@ -207,6 +225,7 @@ class ExecutorchRunner:
     def __init__(self, path: str | os.PathLike[str] | bytes, method: str = "forward", program: Any = None):
         runtime_module = require("executorch.runtime", "Running a .pte program")
         _register_quantized_kernels()
+        _register_llm_kernels()
         self.runtime = runtime_module.Runtime.get()
         self.path = path
         if program is None:
