@@ -244,15 +244,16 @@ class ExecutorchExporter(DynamoExporter):
                         f"{getattr(method_config, field)!r} for {name!r}"
                     )
         self.quantization = None
-        defer_auto_functionalized_module()  # before executorch.exir imports it (see lowering_speed)
-        exir = require("executorch.exir", "The ExecuTorch exporter")
         scope = f"executorch.{first.backend}"
         seconds: dict[str, dict[str, float]] = {name: {} for name in methods}  # Stages 1-2 and the trace
         fixes: dict[str, dict[str, float]] = {name: {} for name in methods}  # Stages 4-5
         traced: dict[str, ExportResult] = {}
         own: dict[str, list[Any]] = {name: [] for name in methods}  # the workarounds each method's stages fired
         embeddings = None
-        with registry.export_lock(), existing_objects_frozen(), registry.recording_fired() as fired, contextlib.ExitStack() as stack:
+        with registry.export_lock(), existing_objects_frozen() as freeze_new, registry.recording_fired() as fired, contextlib.ExitStack() as stack:
+            defer_auto_functionalized_module()  # before executorch.exir imports it (see lowering_speed)
+            exir = require("executorch.exir", "The ExecuTorch exporter")
+            freeze_new()  # ExecuTorch's modules, imported on first use, are not walked by the collector either
             for name, (model, inputs) in methods.items():
                 with registry.recording_fired() as method_fired:
                     method_config = configs[name]
