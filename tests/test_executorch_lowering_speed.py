@@ -201,6 +201,50 @@ def test_other_torch_version_fails_naming_the_stage(monkeypatch):
         ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig())
 
 
+# ── the CIA-operator table, materialized once per set of registrations ──
+
+CIA = "_patch_cia_ops_materialized_once"
+
+
+def test_cia_operators_materialized_only_when_the_registrations_change(monkeypatch):
+    """Each walk over the dispatcher's CIA registrations runs once per set of registrations: the conv
+    block's lowering asks for it once per operator namespace of every table (dozens of times) and walks at
+    most once; a library registering a new CIA operator makes the next export walk again; the program
+    is byte-identical."""
+    import torch._export.utils as export_utils
+
+    walks = [0]
+    materialize = export_utils._materialize_cpp_cia_ops
+
+    def counting() -> None:
+        walks[0] += 1
+        materialize()
+
+    monkeypatch.setattr(export_utils, "_materialize_cpp_cia_ops", counting)  # the Stage 3 patch wraps this one
+    asked = [0]
+    collect = export_utils._collect_all_valid_cia_ops_for_namespace
+
+    def asking(namespace):
+        asked[0] += 1
+        return collect(namespace)
+
+    monkeypatch.setattr(export_utils, "_collect_all_valid_cia_ops_for_namespace", asking)
+    buffer = _conv_block_pte()
+    assert asked[0] > 10 and walks[0] <= 1
+    walks[0] = 0
+    library = torch.library.Library("hfx_cia_test", "DEF")
+    library.define("twice(Tensor x) -> Tensor")
+    library.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
+    try:
+        again = _conv_block_pte()
+    finally:
+        library._destroy()
+    assert walks[0] == 1 and again == buffer
+    with without_workarounds(CIA):
+        assert _conv_block_pte() == buffer
+    _check_parity(buffer)
+
+
 # ── the edge-dialect conversion's passes, skipped where they find nothing ──
 
 EDGE = "_patch_edge_passes_skip_absent_operators"
