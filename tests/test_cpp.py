@@ -210,6 +210,8 @@ def test_the_parts_are_the_methods_of_one_program(llama_generation):
     plans = sorted(plan.name for plan in deserialize_pte_binary((folder / "model.pte").read_bytes()).program.execution_plan)
     assert plans == [
         "decode",
+        "hf_exporters_input_equal_axes.decode",
+        "hf_exporters_input_equal_axes.prefill",
         "hf_exporters_input_index_bounds.decode",
         "hf_exporters_input_index_bounds.prefill",
         "hf_exporters_input_mutation_outputs.decode",
@@ -264,6 +266,14 @@ def test_cpp_drives_the_cache_held_in_the_program_by_position(llama_program_cach
         assert ids == eager[0].tolist() and len(set(ids[len(prompt):])) > 1
         bound_ids, new_tokens, _ = module.generate_greedy(str(folder), prompt, 8)
         assert bound_ids == eager[0].tolist() and new_tokens == 8
+    from safetensors.torch import save_file
+
+    inputs = folder.parent / "mismatched.safetensors"  # two tokens at one position: traced as one length
+    save_file({"input_ids": torch.tensor([[1, 2]]), "cache_position": torch.tensor([0])}, inputs)
+    result = _hfx_run(folder, "--inputs", inputs)
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+        f"error: {folder / 'model.pte'}: inputs 0 (axis 1) and 1 (axis 0) are 2 and 1 long: the program was exported with one size for both"
+    ), result.stderr
     result = _hfx_run(folder, "--generate", "--input-ids", ",".join(["1"] * 20), "--max-new-tokens", 8)
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
         "error: prompt of 20 tokens and 8 new tokens need 27 positions, this folder was exported for at most 24 "

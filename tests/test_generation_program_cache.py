@@ -57,6 +57,15 @@ def test_one_method_takes_ids_and_positions_and_returns_logits_only(program_fold
     with pytest.raises(InputError) as caught:
         runner({"input_ids": torch.tensor([[1, 2]]), "cache_position": torch.tensor([0, 1000000])})
     assert str(caught.value) == "input 'cache_position' holds the index 1000000, outside the 32 positions of the axis it indexes (valid: 0 to 31)"
+    # the tokens and their positions were traced as one length: a mismatch is refused (it aborted custom_sdpa)
+    assert runner.equal_axes == [(0, 1, 1, 0)]
+    for ids, positions in (([[1, 2]], [0]), ([[1]], [0, 1])):
+        with pytest.raises(InputError) as caught:
+            runner({"input_ids": torch.tensor(ids), "cache_position": torch.tensor(positions)})
+        assert str(caught.value) == (
+            f"inputs 'input_ids' (axis 1) and 'cache_position' (axis 0) are {len(ids[0])} and {len(positions)} long: "
+            "the program was exported with one size for both"
+        )
 
 
 def test_generated_ids_equal_eager_generate_and_a_second_prompt_starts_afresh(program_folder):

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 
 #include <cstdlib>
@@ -160,6 +161,14 @@ std::string index_bounds_method(const std::string& method) {
   return method == "forward" ? std::string(kIndexBoundsMethod) : std::string(kIndexBoundsMethod) + "." + method;
 }
 
+//: the constant method holding [position_a, axis_a, position_b, axis_b, ...] for the input axes the trace tied to
+//: one size (hf_exporters.exporters.executorch.input_equal_axes; "<this>.m" for another method m)
+constexpr const char* kEqualAxesMethod = "hf_exporters_input_equal_axes";
+
+std::string equal_axes_method(const std::string& method) {
+  return method == "forward" ? std::string(kEqualAxesMethod) : std::string(kEqualAxesMethod) + "." + method;
+}
+
 class ExecutorchPart final : public PartRunner {
  public:
   ExecutorchPart(const std::filesystem::path& path, const std::string& method) : path_(path.string()), method_name_(method) {
@@ -196,6 +205,22 @@ class ExecutorchPart final : public PartRunner {
         if (!position.isInt() || !size.isInt() || !kind.isInt() || position.toInt() < 0 || size.toInt() < 1)
           throw Error(path_ + ": the constant method '" + bounds_name + "' does not hold (position, size, kind) triples");
         index_rows_[static_cast<size_t>(position.toInt())] = {size.toInt(), kind.toInt()};
+      }
+    }
+    const std::string tied_name = equal_axes_method(method_name_);
+    if (program_->method_meta(tied_name.c_str()).ok()) {
+      std::vector<std::vector<uint8_t>> scratch;
+      auto constant = load(tied_name.c_str(), scratch);
+      if (constant->execute() != et::Error::Ok) throw Error(path_ + ": cannot read the constant method '" + tied_name + "'");
+      for (size_t i = 0; i + 3 < constant->outputs_size(); i += 4) {
+        std::array<int64_t, 4> pair{};
+        for (size_t k = 0; k < 4; ++k) {
+          const et::EValue& value = constant->get_output(i + k);
+          if (!value.isInt() || value.toInt() < 0)
+            throw Error(path_ + ": the constant method '" + tied_name + "' does not hold (position, axis, position, axis) quadruples");
+          pair[k] = value.toInt();
+        }
+        equal_axes_.push_back(pair);
       }
     }
   }
@@ -236,6 +261,7 @@ class ExecutorchPart final : public PartRunner {
     }
     if (next != inputs.size())
       throw Error(path_ + ": the program takes " + std::to_string(next) + " tensor inputs, " + std::to_string(inputs.size()) + " given");
+    check_equal_axes(sizes);
     const et::Error status = method_->execute();
     if (status != et::Error::Ok) throw Error(path_ + ": execute failed (" + error_text(status) + ")");
     std::vector<Tensor> outputs;
@@ -268,6 +294,21 @@ class ExecutorchPart final : public PartRunner {
         throw Error(path_ + ": input " + std::to_string(index) + " axis " + std::to_string(d) + " is " + std::to_string(t.shape[d]) +
                     ", the program was exported for at most " + std::to_string(bound[d]) +
                     " (ExecuTorch plans memory for a dynamic axis up to its export bound: hf-exporters export --max-seq-len raises it)");
+  }
+
+  /// Refuse, before execute, inputs whose axes the trace tied to one size but that differ: kernels assume
+  /// they agree, and some abort the process on a mismatch (llama::custom_sdpa).
+  template <typename Sizes>
+  void check_equal_axes(const Sizes& sizes) const {
+    for (const auto& [a, axis_a, b, axis_b] : equal_axes_) {
+      if (static_cast<size_t>(a) >= sizes.size() || static_cast<size_t>(b) >= sizes.size()) continue;
+      const auto &first = sizes[a], &second = sizes[b];
+      if (static_cast<size_t>(axis_a) >= first.size() || static_cast<size_t>(axis_b) >= second.size()) continue;
+      if (first[axis_a] != second[axis_b])
+        throw Error(path_ + ": inputs " + std::to_string(a) + " (axis " + std::to_string(axis_a) + ") and " + std::to_string(b) + " (axis " +
+                    std::to_string(axis_b) + ") are " + std::to_string(first[axis_a]) + " and " + std::to_string(second[axis_b]) +
+                    " long: the program was exported with one size for both");
+    }
   }
 
   /// Refuse an input that indexes a tensor when it holds an index outside it: ExecuTorch's quantized
@@ -335,6 +376,7 @@ class ExecutorchPart final : public PartRunner {
   std::vector<std::vector<int64_t>> bounds_;  // per tensor input, in run()'s order
   size_t skip_outputs_ = 0;
   std::map<size_t, std::pair<int64_t, int64_t>> index_rows_;  // method input position -> (size it indexes, kind)
+  std::vector<std::array<int64_t, 4>> equal_axes_;  // (position, axis, position, axis) traced as one size
 };
 
 }  // namespace

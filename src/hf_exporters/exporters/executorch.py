@@ -17,7 +17,7 @@ from ..config import ExecutorchConfig
 from ..deps import require
 from ..errors import InputError
 from ..pytree import register_model_pytrees
-from ..runtime.et_runner import index_bounds_method, input_mutations_method
+from ..runtime.et_runner import equal_axes_method, index_bounds_method, input_mutations_method
 from ..shapes import size_oblivious_sizes
 from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
 from ..workarounds.executorch.lowering_speed import check_pinned_internals, defer_auto_functionalized_module
@@ -118,6 +118,31 @@ def input_index_bounds(exported: torch.export.ExportedProgram) -> list[int]:
         elif name == "custom_sdpa" and len(node.args) > 3:  # llama::custom_sdpa(query, key_cache, value_cache, start_pos, ...)
             record(node.args[3], size(node.args[1], 1), AXIS_POSITIONS)
     return [v for at in sorted(bounds) for v in (at, *bounds[at])]
+
+
+def input_equal_axes(exported: torch.export.ExportedProgram) -> list[int]:
+    """``[position_a, axis_a, position_b, axis_b, ...]``: the pairs of user-input axes that the trace tied to
+    one size (the same symbolic size: ``input_ids``' sequence and ``cache_position``'s length, or
+    ``input_ids`` and ``attention_mask``), each tied axis paired with the first one of its size.
+
+    ExecuTorch checks each input against its own planned bounds only; inputs whose tied sizes differ
+    reach kernels that assume they agree, and some abort the process (ExecuTorch's ``llama::custom_sdpa``
+    over a cache held in the program: SIGABRT). The runners read these pairs from the program and refuse
+    such inputs before ``execute``."""
+    nodes = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
+    groups: dict[str, list[tuple[int, int]]] = {}
+    position = 0
+    for spec in exported.graph_signature.input_specs:
+        if spec.kind != torch.export.graph_signature.InputKind.USER_INPUT:
+            continue
+        node = nodes.get(getattr(spec.arg, "name", ""))
+        value = node.meta.get("val") if node is not None else None
+        if isinstance(value, torch.Tensor):
+            for axis, size in enumerate(value.shape):
+                if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
+                    groups.setdefault(str(size.node.expr), []).append((position, axis))
+        position += 1
+    return [v for members in groups.values() for other in members[1:] for v in (*members[0], *other)]
 
 
 class ExecutorchExporter(DynamoExporter):
@@ -340,6 +365,10 @@ class ExecutorchExporter(DynamoExporter):
                     bounds = input_index_bounds(edge.exported_program(name))
                     if bounds:
                         edge._config_methods[index_bounds_method(name)] = bounds
+                    # the input axes traced as one size: the runners refuse inputs where they differ
+                    tied = input_equal_axes(edge.exported_program(name))
+                    if tied:
+                        edge._config_methods[equal_axes_method(name)] = tied
             with stage(self.name, SERIALISATION, shared):
                 manager = edge.to_executorch()
         partitions = delegated_partitions(manager)

@@ -156,6 +156,38 @@ def index_bounds_method(method: str) -> str:
     return INDEX_BOUNDS_METHOD if method == "forward" else f"{INDEX_BOUNDS_METHOD}.{method}"
 
 
+#: the constant method holding the tied input axes of ``forward`` (kept in sync with the C++ runner)
+EQUAL_AXES_METHOD = "hf_exporters_input_equal_axes"
+
+
+def equal_axes_method(method: str) -> str:
+    """The constant method holding ``[position_a, axis_a, position_b, axis_b, ...]`` for the input axes of
+    ``method`` traced as one size (see :func:`hf_exporters.exporters.executorch.input_equal_axes`); absent
+    when no two are."""
+    return EQUAL_AXES_METHOD if method == "forward" else f"{EQUAL_AXES_METHOD}.{method}"
+
+
+def check_equal_axes(flat: list[Any], pairs: list[tuple[int, int, int, int]], names: list[str] | None = None) -> None:
+    """Refuse inputs whose axes the program traced as one size but that differ.
+
+    Raises:
+        InputError: "inputs 'input_ids' (axis 1) and 'cache_position' (axis 0) are 2 and 1 long: the
+            program was exported with one size for both".
+    """
+    from ..errors import InputError
+
+    for a, axis_a, b, axis_b in pairs:
+        first, second = (flat[i] if i < len(flat) else None for i in (a, b))
+        if not isinstance(first, torch.Tensor) or not isinstance(second, torch.Tensor) or axis_a >= first.dim() or axis_b >= second.dim():
+            continue
+        if first.shape[axis_a] != second.shape[axis_b]:
+            label = [repr(names[i]) if names is not None and i < len(names) else str(i) for i in (a, b)]
+            raise InputError(
+                f"inputs {label[0]} (axis {axis_a}) and {label[1]} (axis {axis_b}) are {first.shape[axis_a]} and "
+                f"{second.shape[axis_b]} long: the program was exported with one size for both"
+            )
+
+
 #: what an index bound of each kind counts, in the refusal (kinds of ``input_index_bounds``)
 _BOUND_KINDS = {0: "rows of the embedding table", 1: "positions of the axis"}
 
@@ -275,6 +307,12 @@ class ExecutorchRunner:
         if constant in self.program.method_names:
             values = [int(v) for v in self.program.load_method(constant).execute([])]
             self.index_bounds = {values[i]: (values[i + 1], values[i + 2]) for i in range(0, len(values) - 2, 3)}
+        #: (position_a, axis_a, position_b, axis_b) of input axes the trace tied to one size
+        self.equal_axes: list[tuple[int, int, int, int]] = []
+        constant = equal_axes_method(method)
+        if constant in self.program.method_names:
+            values = [int(v) for v in self.program.load_method(constant).execute([])]
+            self.equal_axes = [(values[i], values[i + 1], values[i + 2], values[i + 3]) for i in range(0, len(values) - 3, 4)]
 
     def for_method(self, method: str) -> "ExecutorchRunner":
         """A runner of another method of the same program, sharing the loaded program (its weights are
@@ -291,14 +329,15 @@ class ExecutorchRunner:
         Raises:
             InputError: an input that indexes a tensor (an embedding table, a cache held in the program)
                 holds an index outside it (checked before ``execute``: ExecuTorch's quantized embedding
-                kernels abort the process on one).
+                kernels abort the process on one), or two input axes traced as one size differ.
             RuntimeError: the runtime refused the inputs or a kernel failed; the message carries the
                 runtime's own log lines that name the failing instruction and operator ("KernelCall
                 failed at instruction 0:74 in operator aten::_upsample_bilinear2d_aa.out: 0x12").
         """
         flat = flat_inputs(inputs)
-        if self.index_bounds:
+        if self.index_bounds or self.equal_axes:
             names = list(inputs) if all(isinstance(v, torch.Tensor) for v in inputs.values()) else None
+            check_equal_axes(flat, self.equal_axes, names)
             check_index_bounds(flat, self.index_bounds, names)
         if self._log is None:
             import tempfile
