@@ -274,6 +274,13 @@ def test_cpp_drives_the_cache_held_in_the_program_by_position(llama_program_cach
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
         f"error: {folder / 'model.pte'}: inputs 0 (axis 1) and 1 (axis 0) are 2 and 1 long: the program was exported with one size for both"
     ), result.stderr
+    if json.loads((folder / "export.json").read_text())["parts"]["decode"]["cache"]["custom_ops"]:
+        save_file({"input_ids": torch.tensor([[1, 2, 3]]), "cache_position": torch.tensor([23, 0, 1])}, inputs)  # a run past the cache
+        result = _hfx_run(folder, "--inputs", inputs)
+        assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+            f"error: {folder / 'model.pte'}: input 1 starts at position 23: its 3 positions from there pass the 24 positions of the cache "
+            "it writes (valid starts for 3: 0 to 21)"
+        ), result.stderr
     result = _hfx_run(folder, "--generate", "--input-ids", ",".join(["1"] * 20), "--max-new-tokens", 8)
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
         "error: prompt of 20 tokens and 8 new tokens need 27 positions, this folder was exported for at most 24 "

@@ -53,10 +53,22 @@ def test_one_method_takes_ids_and_positions_and_returns_logits_only(program_fold
     assert (meta.num_inputs(), meta.num_outputs()) == (2, 1)  # no cache tensor in or out
     assert runner.input_max_sizes[0] == (1, MAX_SEQ_LEN)
     # a position past the cache is refused before the program writes there (index_put checks part of it only)
-    assert runner.index_bounds == {0: (96, 0), 1: (MAX_SEQ_LEN, 1)}
+    # (with the custom operators, cache_position's first value starts the run of positions written)
+    assert runner.index_bounds == {0: (96, 0), 1: (MAX_SEQ_LEN, 2 if custom else 1)}
     with pytest.raises(InputError) as caught:
         runner({"input_ids": torch.tensor([[1, 2]]), "cache_position": torch.tensor([0, 1000000])})
-    assert str(caught.value) == "input 'cache_position' holds the index 1000000, outside the 32 positions of the axis it indexes (valid: 0 to 31)"
+    what = "cache" if custom else "axis"
+    assert str(caught.value) == f"input 'cache_position' holds the index 1000000, outside the 32 positions of the {what} it indexes (valid: 0 to 31)"
+    if custom:  # a start in the cache whose run passes its end: update_cache would fail inside execute
+        with pytest.raises(InputError) as caught:
+            runner({"input_ids": torch.tensor([[1, 2, 3]]), "cache_position": torch.tensor([31, 0, 1])})
+        assert str(caught.value) == (
+            "input 'cache_position' starts at position 31: its 3 positions from there pass the 32 positions of the cache it writes "
+            "(valid starts for 3: 0 to 29)"
+        )
+    with pytest.raises(InputError) as caught:  # a batch past the planned one (update_cache aborted on it)
+        runner({"input_ids": torch.tensor([[1, 2], [3, 4]]), "cache_position": torch.tensor([0, 1])})
+    assert str(caught.value).startswith("input 'input_ids' axis 0 is 2, the program was exported for at most 1 ")
     # the tokens and their positions were traced as one length: a mismatch is refused (it aborted custom_sdpa)
     assert runner.equal_axes == [(0, 1, 1, 0)]
     for ids, positions in (([[1, 2]], [0]), ([[1]], [0, 1])):
@@ -106,6 +118,8 @@ def test_program_cache_is_refused_where_it_does_not_apply(tmp_path, program_fold
     for args, message in [
         (["-b", "onnx", "--task", "text-generation", "--kv-cache", "program"], "error: --kv-cache program holds the cache in an ExecuTorch program; use --backend executorch, not 'onnx'"),
         (["-b", "executorch", "--kv-cache", "program"], "error: --kv-cache applies to --task text-generation exports, not 'a single export'"),
+        (["-b", "executorch", "--task", "text-generation", "--no-custom-sdpa"],
+         "error: --no-custom-sdpa applies to --kv-cache program exports (the other layouts use torch's attention)"),
     ]:
         result = runner.invoke(app, ["export", "-m", str(checkpoint), "-o", str(tmp_path / "x"), *args])
         assert result.exit_code == 1 and result.output.strip().splitlines()[-1] == message, result.output
@@ -194,3 +208,26 @@ def test_attention_the_custom_operator_lacks_is_refused_and_exports_with_torch_a
     with torch.no_grad():
         eager = gemma.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
     assert ExportedGenerator.from_pretrained(tmp_path / "out").generate(ids, max_new_tokens=5).tolist() == eager.tolist()
+
+
+def test_a_model_attending_outside_the_attention_interface_is_refused_and_bfloat16_exports(tmp_path):
+    """Bloom computes its attention itself (it would read the custom layers' caches heads-first): refused,
+    naming the way out. A bfloat16 checkpoint (cast to float32 for XNNPACK) exports with the operators, its
+    parity checked against the model's own attention."""
+    import transformers
+
+    from hf_exporters.errors import ExportStageError
+
+    config = transformers.BloomConfig(vocab_size=96, hidden_size=32, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    transformers.BloomForCausalLM(config).eval().save_pretrained(tmp_path / "bloom")
+    with pytest.raises(ExportStageError) as caught:
+        export_generation_folder(tmp_path / "bloom", "executorch", tmp_path / "out", kv_cache="program", max_seq_len=16)
+    assert str(caught.value).splitlines()[0] == (
+        "[executorch] trace (torch.export.export) failed: InputError: BloomForCausalLM attends through transformers' attention "
+        "interface in 0 of its 2 layers, so ExecuTorch's custom SDPA cannot stand in for its attention; export with --no-custom-sdpa"
+    )
+    assert not (tmp_path / "out").exists()
+    spread_tiny_llama().to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    manifest = export_generation_folder(tmp_path / "bf16", "executorch", tmp_path / "bf16-out", kv_cache="program", max_seq_len=16)
+    assert manifest["parts"]["decode"]["cache"]["custom_ops"] and manifest["parts"]["decode"]["parity"]["ok"]

@@ -316,8 +316,8 @@ class ExecutorchPart final : public PartRunner {
   void check_indices(size_t position, const Tensor& t) const {
     auto found = index_rows_.find(position);
     if (found == index_rows_.end() || t.numel() == 0) return;
-    const int64_t rows = found->second.first;
-    const char* what = found->second.second == 0 ? " rows of the embedding table" : " positions of the axis";
+    const int64_t rows = found->second.first, kind = found->second.second;
+    const char* what = kind == 0 ? " rows of the embedding table" : kind == 1 ? " positions of the axis" : " positions of the cache";
     int64_t bad = 0;
     bool out = false;
     auto scan = [&](auto sample) {
@@ -326,9 +326,16 @@ class ExecutorchPart final : public PartRunner {
       for (int64_t k = 0; k < t.numel() && !out; ++k)
         if (values[k] < 0 || static_cast<int64_t>(values[k]) >= rows) out = true, bad = static_cast<int64_t>(values[k]);
     };
-    if (t.dtype == "int64") scan(int64_t{});
-    else if (t.dtype == "int32") scan(int32_t{});
+    int64_t start = 0;
+    if (t.dtype == "int64") scan(int64_t{}), start = *reinterpret_cast<const int64_t*>(t.data.data());
+    else if (t.dtype == "int32") scan(int32_t{}), start = *reinterpret_cast<const int32_t*>(t.data.data());
     else return;
+    // kind 2: the run of one position per element written from the first value must fit in the cache too
+    if (!out && kind == 2 && start + t.numel() > rows)
+      throw Error(path_ + ": input " + std::to_string(position) + " starts at position " + std::to_string(start) + ": its " +
+                  std::to_string(t.numel()) + " positions from there pass the " + std::to_string(rows) +
+                  " positions of the cache it writes (valid starts for " + std::to_string(t.numel()) + ": 0 to " +
+                  std::to_string(rows - t.numel()) + ")");
     if (out)
       throw Error(path_ + ": input " + std::to_string(position) + " holds the index " + std::to_string(bad) + ", outside the " + std::to_string(rows) +
                   what + " it indexes (valid: 0 to " + std::to_string(rows - 1) + ")");

@@ -227,6 +227,8 @@ def _export(
             raise InputError(f"--aoti compiles the dynamo backend's ExportedProgram; backend is {backend!r}")
         if kv_cache != "io" and task != "text-generation":
             raise InputError(f"--kv-cache applies to --task text-generation exports, not {task or 'a single export'!r}")
+        if not custom_sdpa and kv_cache != "program":
+            raise InputError("--no-custom-sdpa applies to --kv-cache program exports (the other layouts use torch's attention)")
         if kv_cache == "program" and backend != "executorch":
             raise InputError(f"--kv-cache program holds the cache in an ExecuTorch program; use --backend executorch, not {backend!r}")
         if task in ("text-generation", "text2text-generation"):

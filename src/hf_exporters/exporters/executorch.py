@@ -40,8 +40,10 @@ _VALUE_PRESERVING = frozenset({
     "select", "select_copy", "alias", "alias_copy", "flatten", "contiguous", "_local_scalar_dense",
 })
 
-#: the kinds of bound :func:`input_index_bounds` records (kept in sync with the runners' messages)
-EMBEDDING_ROWS, AXIS_POSITIONS = 0, 1
+#: the kinds of bound :func:`input_index_bounds` records (kept in sync with the runners' messages): the rows
+#: of an embedding table, the positions of an axis, the run of positions written from the input's first
+#: value (one per element)
+EMBEDDING_ROWS, AXIS_POSITIONS, START_POSITIONS = 0, 1, 2
 
 
 def _operator_name(target: Any) -> str:
@@ -60,9 +62,10 @@ def input_index_bounds(exported: torch.export.ExportedProgram) -> list[int]:
     method's inputs, the size it indexes and the kind of bound: :data:`EMBEDDING_ROWS` (the rows of an
     embedding table: ``aten.embedding``, ExecuTorch's quantized ``embedding_byte`` / ``embedding_4bit``) or
     :data:`AXIS_POSITIONS` (an axis written or read at the index: ``index_put``, ``index_copy``,
-    ``index_select``, and the start position of ExecuTorch's ``llama::update_cache`` and ``llama::custom_sdpa``,
-    read from the input with ``.item()``, as a cache held in the program is written at ``cache_position``). An
-    input indexing several tensors gets the smallest size.
+    ``index_select``, as a cache held in the program is written at ``cache_position``) or
+    :data:`START_POSITIONS` (the start position of ExecuTorch's ``llama::update_cache`` and
+    ``llama::custom_sdpa``, read from the input's first value with ``.item()``: the run of one position per
+    element must fit). An input indexing several tensors gets the smallest size.
 
     ExecuTorch's quantized embedding kernels check an index with ``ET_CHECK``, which aborts the whole
     process on an index outside ``[0, size)``, and its ``index_put`` checks only part of an index tensor;
@@ -92,7 +95,9 @@ def input_index_bounds(exported: torch.export.ExportedProgram) -> list[int]:
 
     def record(index: Any, bound: int | None, kind: int) -> None:
         at = source(index)
-        if at is not None and bound is not None and (at not in bounds or bound < bounds[at][0]):
+        if at is not None and bound is not None and (
+            at not in bounds or bound < bounds[at][0] or (bound == bounds[at][0] and kind == START_POSITIONS)  # the stricter check
+        ):
             bounds[at] = (bound, kind)
 
     for node in exported.graph.nodes:
@@ -109,14 +114,14 @@ def input_index_bounds(exported: torch.export.ExportedProgram) -> list[int]:
         elif name in ("index_copy", "index_copy_", "index_select") and isinstance(node.args[1], int):
             record(node.args[2], size(node.args[0], node.args[1]), AXIS_POSITIONS)
         elif name == "update_cache" and len(node.args) > 2:  # ExecuTorch's llama::update_cache(value, cache, start_pos)
-            record(node.args[2], size(node.args[1], 1), AXIS_POSITIONS)
+            record(node.args[2], size(node.args[1], 1), START_POSITIONS)
         elif name in ("auto_functionalized", "auto_functionalized_v2") and node.args and _operator_name(node.args[0]) == "update_cache":
             # the same call as functionalisation leaves it: the cache is a keyword, or one of the mutated bases
             kwargs = node.kwargs
             cache = kwargs["cache"] if "cache" in kwargs else kwargs.get("_all_bases", [None])[kwargs.get("_cache_base_index", 0)]
-            record(kwargs.get("start_pos"), size(cache, 1), AXIS_POSITIONS)
+            record(kwargs.get("start_pos"), size(cache, 1), START_POSITIONS)
         elif name == "custom_sdpa" and len(node.args) > 3:  # llama::custom_sdpa(query, key_cache, value_cache, start_pos, ...)
-            record(node.args[3], size(node.args[1], 1), AXIS_POSITIONS)
+            record(node.args[3], size(node.args[1], 1), START_POSITIONS)
     return [v for at in sorted(bounds) for v in (at, *bounds[at])]
 
 

@@ -32,8 +32,9 @@ from ..errors import InputError
 #: the name the custom-operator attention is registered under in transformers' attention interfaces
 ATTENTION = "hfx_executorch_custom_sdpa"
 
-#: the write and read position of the step that is running (a symbolic size while it is traced)
-_START: list[Any] = []
+#: the write and read position of the step that is running (a symbolic size while it is traced), with the
+#: number of attention calls that went through :data:`ATTENTION` in it
+_START: list[tuple[Any, list[int]]] = []
 
 
 def load_custom_ops() -> bool:
@@ -50,7 +51,7 @@ def load_custom_ops() -> bool:
 def _start() -> Any:
     if not _START:
         raise RuntimeError(f"the {ATTENTION} attention runs inside ProgramCacheStep.forward only")
-    return _START[-1]
+    return _START[-1][0]
 
 
 def _custom_sdpa_attention(
@@ -68,7 +69,9 @@ def _custom_sdpa_attention(
     for name in ("softcap", "s_aux", "sinks"):
         if kwargs.get(name) is not None:
             raise InputError(f"ExecuTorch's custom SDPA has no {name} ({type(module).__name__} uses it); export with --no-custom-sdpa")
-    return torch.ops.llama.custom_sdpa(query.transpose(1, 2), key, value, _start(), None, 0.0, True, scaling), None
+    start = _start()
+    _START[-1][1][0] += 1
+    return torch.ops.llama.custom_sdpa(query.transpose(1, 2), key, value, start, None, 0.0, True, scaling), None
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
@@ -118,17 +121,20 @@ def _configs(config: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
-def custom_op_attention(config: Any, start: Any) -> Iterator[None]:
+def custom_op_attention(config: Any, start: Any) -> Iterator[list[int]]:
     """While the block runs, the model of ``config`` attends with :data:`ATTENTION` and the custom-operator
     layers write and read at ``start`` (an int, or the symbolic value of ``cache_position[0]`` while
-    traced); the attention implementation of ``config`` and of each of its sub-configs is restored after."""
+    traced); the attention implementation of ``config`` and of each of its sub-configs is restored after.
+    Yields ``[calls]``: how many attention calls went through :data:`ATTENTION` (a model whose attention
+    does not use transformers' attention interface makes fewer than it has layers)."""
     register_attention()
     configs = _configs(config)
     saved = [c._attn_implementation_internal for c in configs]
-    _START.append(start)
+    calls = [0]
+    _START.append((start, calls))
     try:
         config._attn_implementation = ATTENTION
-        yield
+        yield calls
     finally:
         _START.pop()
         for c, implementation in zip(configs, saved):

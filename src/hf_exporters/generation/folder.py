@@ -154,7 +154,7 @@ class GenerationArtifacts(dict):
                 for path_checked in checked if validate and not self.quantized else []:
                     runner = self.exporter.load_runner(path_checked, method) if method is not None else self.exporter.load_runner(path_checked)
                     with torch.no_grad():
-                        expected = (part.reference or part.module)(**_copy_inputs(part.inputs))
+                        expected = (part.reference() if part.reference else part.module)(**_copy_inputs(part.inputs))
                     expected = list(expected) if isinstance(expected, tuple) else [expected]
                     actual = [torch.as_tensor(a) for a in runner(_copy_inputs(part.inputs))]
                     diffs = compare_leaves(list(zip(part.output_names, expected)), actual, self.exporter.default_atol)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -35,8 +35,10 @@ class GenerationPart:
         cache: cache layout (``kind``, ``layers``, ``tensor_layout``), or None for the encoder.
         extra: loop facts written to the manifest (``returns_decoder_prompt``: whether eager
             ``generate()`` returns the decoder start tokens of an encoder-decoder model).
-        reference: the module the artifact's parity is checked against, where it is not ``module`` (a step
-            whose exported attention is ExecuTorch's operator is checked against the model's own attention).
+        reference: builds the module the artifact's parity is checked against, where it is not ``module`` (a
+            step whose exported attention is ExecuTorch's operator is checked against the model's own
+            attention); built when the check runs, after the backend's preparation (a bfloat16 model cast
+            to float32 for XNNPACK).
     """
 
     name: str
@@ -47,7 +49,7 @@ class GenerationPart:
     output_names: list[str]
     cache: dict[str, Any] | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
-    reference: torch.nn.Module | None = None
+    reference: Callable[[], torch.nn.Module] | None = None
 
 
 def _auto(*axes: int) -> dict[int, Any]:
@@ -506,6 +508,6 @@ def program_cache_parts(model: torch.nn.Module, inputs: Mapping[str, Any], max_c
     }
     example = {"input_ids": ids.clone(), "cache_position": torch.arange(ids.shape[1])}
     # with the custom operators, parity is against the model's own attention over a cache of the same length
-    reference = ProgramCacheStep(model, max_cache_len) if custom_ops else None
+    reference = (lambda: ProgramCacheStep(model, max_cache_len)) if custom_ops else None
     shapes = {"input_ids": {1: _SEQ}, "cache_position": {0: _SEQ}}
     return {"decode": GenerationPart("decode", "decode", step, example, shapes, ["logits"], layout, reference=reference)}

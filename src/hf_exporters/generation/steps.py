@@ -234,9 +234,10 @@ class ProgramCacheStep(torch.nn.Module):
         cache = self._cache(config, max_cache_len)
         others = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not StaticLayer})
         if others:
+            sliding = any("Sliding" in name or "Chunked" in name for name in others)
             raise InputError(
-                f"--kv-cache program holds full static caches; {type(model).__name__}'s cache has {', '.join(others)} layers "
-                "(a sliding window is a full cache only when --max-seq-len is at most the window)"
+                f"--kv-cache program holds full static caches; {type(model).__name__}'s cache has {', '.join(others)} layers"
+                + (" (a sliding window is a full cache only when --max-seq-len is at most the window)" if sliding else " (recurrent state, not a key/value cache)")
             )
         heads, head_dim = get_head_shapes(config)
         cache.early_initialization(1, heads, head_dim, model.dtype, torch.device("cpu"))
@@ -278,8 +279,14 @@ class ProgramCacheStep(torch.nn.Module):
                 # the buffers, (1, M, kv_heads, head_dim): the layer reports the heads-first shape transformers reads
                 _fill_static_layer(layer, getattr(self, f"key_cache_{i}").transpose(1, 2), getattr(self, f"value_cache_{i}").transpose(1, 2), cache_position[0])
                 layer.keys, layer.values = getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}")
-            with custom_op_attention(self.model.config, start):
-                return self.model(**kwargs).logits
+            with custom_op_attention(self.model.config, start) as calls:
+                logits = self.model(**kwargs).logits
+            if calls[0] != self.layers:  # attention of the model's own (Bloom): it would read the caches heads-first
+                raise InputError(
+                    f"{type(self.model).__name__} attends through transformers' attention interface in {calls[0]} of its {self.layers} "
+                    "layers, so ExecuTorch's custom SDPA cannot stand in for its attention; export with --no-custom-sdpa"
+                )
+            return logits
         cache.layers = [_positioned_layer_class()(self.max_cache_len) for _ in range(self.layers)]
         for i, layer in enumerate(cache.layers):
             layer.positions = cache_position
