@@ -184,25 +184,31 @@ def test_custom_sdpa_without_the_operators_is_one_error(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+def _refusal(checkpoint, out) -> str:
+    """The first line of the error exporting ``checkpoint`` with the custom operators (the second names the
+    source line the trace stopped on); nothing is written to ``out``."""
+    from hf_exporters.errors import ExportStageError
+
+    with pytest.raises(ExportStageError) as caught:
+        export_generation_folder(checkpoint, "executorch", out, kv_cache="program", max_seq_len=16)
+    assert not out.exists()
+    return str(caught.value).splitlines()[0]
+
+
 def test_attention_the_custom_operator_lacks_is_refused_and_exports_with_torch_attention(tmp_path):
     """Gemma 2 soft-caps its attention logits, which ``llama::custom_sdpa`` does not: one error naming the
     way out, and ``custom_sdpa=False`` exports it (its ids equal eager's)."""
     import transformers
-
-    from hf_exporters.errors import ExportStageError
 
     config = transformers.Gemma2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=64, eos_token_id=None)
     torch.manual_seed(0)
     gemma = transformers.Gemma2ForCausalLM(config).eval()
     gemma.save_pretrained(tmp_path / "gemma2")
-    with pytest.raises(ExportStageError) as caught:
-        export_generation_folder(tmp_path / "gemma2", "executorch", tmp_path / "out", kv_cache="program", max_seq_len=16)
-    assert str(caught.value).splitlines()[0] == (
+    assert _refusal(tmp_path / "gemma2", tmp_path / "out") == (
         "[executorch] trace (torch.export.export) failed: InputError: ExecuTorch's custom SDPA has no softcap "
         "(Gemma2Attention uses it); export with --no-custom-sdpa"
     )
-    assert not (tmp_path / "out").exists()
     export_generation_folder(tmp_path / "gemma2", "executorch", tmp_path / "out", kv_cache="program", max_seq_len=16, custom_sdpa=False)
     ids = torch.tensor([[5, 17, 33]])
     with torch.no_grad():
@@ -216,18 +222,13 @@ def test_a_model_attending_outside_the_attention_interface_is_refused_and_bfloat
     parity checked against the model's own attention."""
     import transformers
 
-    from hf_exporters.errors import ExportStageError
-
     config = transformers.BloomConfig(vocab_size=96, hidden_size=32, n_layer=2, n_head=4)
     torch.manual_seed(0)
     transformers.BloomForCausalLM(config).eval().save_pretrained(tmp_path / "bloom")
-    with pytest.raises(ExportStageError) as caught:
-        export_generation_folder(tmp_path / "bloom", "executorch", tmp_path / "out", kv_cache="program", max_seq_len=16)
-    assert str(caught.value).splitlines()[0] == (
+    assert _refusal(tmp_path / "bloom", tmp_path / "out") == (
         "[executorch] trace (torch.export.export) failed: InputError: BloomForCausalLM attends through transformers' attention "
         "interface in 0 of its 2 layers, so ExecuTorch's custom SDPA cannot stand in for its attention; export with --no-custom-sdpa"
     )
-    assert not (tmp_path / "out").exists()
     spread_tiny_llama().to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     manifest = export_generation_folder(tmp_path / "bf16", "executorch", tmp_path / "bf16-out", kv_cache="program", max_seq_len=16)
     assert manifest["parts"]["decode"]["cache"]["custom_ops"] and manifest["parts"]["decode"]["parity"]["ok"]
