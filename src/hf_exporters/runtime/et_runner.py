@@ -167,30 +167,6 @@ def equal_axes_method(method: str) -> str:
     return EQUAL_AXES_METHOD if method == "forward" else f"{EQUAL_AXES_METHOD}.{method}"
 
 
-def check_planned_sizes(flat: list[Any], planned: list[tuple[int, ...] | None], names: list[str] | None = None) -> None:
-    """Refuse a tensor input of another rank than the program's, or with an axis past the size ExecuTorch
-    planned memory for (its export bound): the runtime checks only the element count, and a kernel then
-    meets sizes it was not planned for (``llama::update_cache`` aborts the process on a batch of 2).
-
-    Raises:
-        InputError: "input 'input_ids' axis 0 is 2, the program was exported for at most 1".
-    """
-    from ..errors import InputError
-
-    for position, (value, bound) in enumerate(zip(flat, planned)):
-        if not isinstance(value, torch.Tensor) or bound is None:
-            continue
-        label = repr(names[position]) if names is not None and position < len(names) else str(position)
-        if value.dim() != len(bound):
-            raise InputError(f"input {label} has {value.dim()} axes, the program takes {len(bound)}")
-        for axis, (size, most) in enumerate(zip(value.shape, bound)):
-            if size > most:
-                raise InputError(
-                    f"input {label} axis {axis} is {size}, the program was exported for at most {most} (ExecuTorch plans memory "
-                    "for a dynamic axis up to its export bound: hf-exporters export --max-seq-len raises it)"
-                )
-
-
 def check_equal_axes(flat: list[Any], pairs: list[tuple[int, int, int, int]], names: list[str] | None = None) -> None:
     """Refuse inputs whose axes the program traced as one size but that differ.
 
@@ -368,7 +344,6 @@ class ExecutorchRunner:
                 failed at instruction 0:74 in operator aten::_upsample_bilinear2d_aa.out: 0x12").
         """
         flat = flat_inputs(inputs)
-        check_planned_sizes(flat, self.input_max_sizes, list(inputs) if all(isinstance(v, torch.Tensor) for v in inputs.values()) else None)
         if self.index_bounds or self.equal_axes:
             names = list(inputs) if all(isinstance(v, torch.Tensor) for v in inputs.values()) else None
             check_equal_axes(flat, self.equal_axes, names)
