@@ -477,3 +477,59 @@ def test_first_export_in_a_process_does_not_load_inductor():
         "torch.export._remove_auto_functionalized_pass, loaded on its first use (hf_exporters)",
         "torch.export._remove_auto_functionalized_pass True",
     ]
+
+
+# ── graph modules compiled when first used ──
+
+LAZY = "_patch_graph_modules_compiled_on_first_use"
+
+
+def test_graph_modules_of_the_lowering_compiled_only_when_used(monkeypatch):
+    """The conv block's lowering makes dozens of graph modules and compiles the code of almost none; the
+    program is byte-identical without the patch, and the lowered program's graph module (made during
+    the lowering) still gives its code and runs after it."""
+    from torch.fx import _lazy_graph_module
+
+    made, compiled = [0], [0]
+    init, real = torch.fx.GraphModule.__init__, _lazy_graph_module._LazyGraphModule._real_recompile
+
+    def counting_init(self, *args, **kwargs):
+        made[0] += isinstance(self, _lazy_graph_module._LazyGraphModule)
+        init(self, *args, **kwargs)
+
+    def counting_real(self):
+        compiled[0] += 1
+        return real(self)
+
+    monkeypatch.setattr(torch.fx.GraphModule, "__init__", counting_init)
+    monkeypatch.setattr(_lazy_graph_module._LazyGraphModule, "_real_recompile", counting_real)
+    manager = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig())
+    assert made[0] >= 20 and compiled[0] <= 3, (made, compiled)
+    lowered = manager.exported_program().graph_module
+    assert isinstance(lowered, _lazy_graph_module._LazyGraphModule)
+    assert "executorch_call_delegate" in lowered.code
+    assert type(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())) is not _lazy_graph_module._LazyGraphModule
+    with without_workarounds(LAZY):
+        plain = _conv_block_pte()
+    assert manager.buffer == plain
+    _check_parity(manager.buffer)
+
+
+def test_lazy_graph_module_records_its_pytree_specs_before_its_code():
+    """``torch.export`` reads ``_in_spec`` / ``_out_spec`` of a graph module without calling it: the deferred
+    recompile sets them at once and leaves the code for the first call, which returns the eager value."""
+    traced = torch.export.export(ConvBlock().eval(), (torch.randn(2, 4, 16),)).module()
+    lazy = lowering_speed._lazy_graph_module_class()(traced, traced.graph)
+    assert lazy._in_spec == traced._in_spec and lazy._out_spec == traced._out_spec
+    assert type(lazy)._needs_recompile()  # no code made yet
+    x = torch.randn(2, 4, 16)
+    assert torch.equal(lazy(x), traced(x))
+    assert not type(lazy)._needs_recompile()
+
+
+def test_moved_lazy_graph_module_fails_naming_the_stage(monkeypatch):
+    from torch.fx import _lazy_graph_module
+
+    monkeypatch.delattr(_lazy_graph_module._LazyGraphModule, "_lazy_forward")
+    with pytest.raises(ExportStageError, match="Stage 3: ExecuTorch patches.*'torch.fx._lazy_graph_module._LazyGraphModule' has moved"):
+        ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig())

@@ -18,6 +18,7 @@ fails naming the stage when the version differs or a hooked internal has moved.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -117,6 +118,8 @@ def check_pinned_internals(scope: str) -> None:
         _node_source_is_known()
     if "_patch_cia_ops_materialized_once" in selected:
         _cia_materialization_is_known()
+    if "_patch_graph_modules_compiled_on_first_use" in selected:
+        _lazy_graph_module_is_known()
     from executorch.exir.program import _program
 
     for helper in ("_remove_invalid_ops_for_not_decompose", "_default_decomposition_table"):
@@ -149,6 +152,22 @@ def _cia_materialization_is_known() -> None:
         )
     if not hasattr(export_utils, "_collect_all_valid_cia_ops_for_namespace"):
         raise RuntimeError("torch internal 'torch._export.utils._collect_all_valid_cia_ops_for_namespace' has moved; _patch_cia_ops_materialized_once cannot hook it")
+
+
+def _lazy_graph_module_is_known() -> None:
+    from torch.fx import _lazy_graph_module
+
+    if not torch.__version__.startswith(SUPPORTED_TORCH):
+        raise RuntimeError(
+            f"the graph-module patch hooks torch.fx.GraphModule.__new__ as torch {', '.join(v + 'x' for v in SUPPORTED_TORCH)} has it; "
+            f"torch {torch.__version__} is installed"
+        )
+    lazy = getattr(_lazy_graph_module, "_LazyGraphModule", None)
+    if lazy is None or not issubclass(lazy, torch.fx.GraphModule) or not all(hasattr(lazy, a) for a in ("_lazy_forward", "real_recompile")):
+        raise RuntimeError(
+            "torch internal 'torch.fx._lazy_graph_module._LazyGraphModule' has moved; "
+            "_patch_graph_modules_compiled_on_first_use cannot use it"
+        )
 
 
 def _node_source_is_known() -> None:
@@ -693,3 +712,55 @@ def _patch_no_third_decomposition_when_nothing_is_left(original: Any) -> Any:
         return preserved
 
     return replace
+
+
+# ── graph modules compiled when first used ───────────────────────────────────
+
+
+@register_patch("executorch", "torch.fx.graph_module.GraphModule.__new__", stage=_STAGE)
+def _patch_graph_modules_compiled_on_first_use(original: Any) -> Any:
+    """Graph modules made during the lowering generate and compile their Python code when it is first
+    used (a call, ``.code``, ``str``, pickling), not each time their graph is made or changed.
+
+    Pattern: every program lowered to ExecuTorch. Each ``ExportPass`` of the edge conversion, of
+    XNNPACK's pipeline and of ``to_executorch`` builds a new ``torch.fx.GraphModule``, and its
+    constructor, and every ``recompile()`` after a rewrite, turns the whole graph into Python source and
+    compiles it. The lowering walks graphs node by node (``torch.fx.Interpreter``) and almost never
+    calls that code: an all-MiniLM-L6-v2 lowering makes about 70 graph modules and ran their code once,
+    while ``recompile`` took 2.2 s of its 8 s. A ``torch.fx.GraphModule`` made while the patch is
+    active is a ``torch.fx._lazy_graph_module._LazyGraphModule`` (a ``GraphModule`` subclass torch uses
+    for the same reason in ``torch.compile``), which defers that work until the code is needed;
+    subclasses of ``GraphModule`` and graph modules made before the stage are unchanged. The ``.pte`` is
+    byte-identical (tested), and graph modules made during the lowering stay usable after it.
+    Models: every model lowered to ExecuTorch (all-MiniLM-L6-v2, LlamaForCausalLM, ...).
+    Upstream: pytorch/pytorch torch/fx/_lazy_graph_module.py (lazy graph modules are made only through
+        ``_make_graph_module`` under ``_use_lazy_graph_module(True)``, which torch.compile sets and
+        ``torch.export`` and ExecuTorch do not); no upstream report found.
+    Remove when: ExecuTorch's lowering makes its graph modules lazily itself (checked: torch 2.13 by
+        :data:`SUPPORTED_TORCH`).
+    """
+    lazy = _lazy_graph_module_class()
+
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        return original(lazy if cls is torch.fx.GraphModule else cls, *args, **kwargs)
+
+    return __new__
+
+
+@functools.cache
+def _lazy_graph_module_class() -> type:
+    """torch's ``_LazyGraphModule`` whose deferred ``recompile`` still records the graph's pytree input and
+    output specs (``_in_spec``, ``_out_spec``) at once, as ``GraphModule.recompile`` does: ``torch.export``
+    reads them from a graph module without running its code."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+    from torch.fx.graph import _PyTreeCodeGen
+
+    class GraphModuleCompiledOnFirstUse(_LazyGraphModule):
+        def recompile(self) -> None:  # type: ignore[override]
+            codegen = self._graph._codegen
+            if isinstance(codegen, _PyTreeCodeGen):
+                self._in_spec = codegen.pytree_info.in_spec
+                self._out_spec = codegen.pytree_info.out_spec
+            type(self).forward = type(self)._lazy_forward  # the code is made on the first call
+
+    return GraphModuleCompiledOnFirstUse
