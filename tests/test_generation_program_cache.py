@@ -229,3 +229,21 @@ def test_a_model_attending_outside_the_attention_interface_is_refused_and_bfloat
     spread_tiny_llama().to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     manifest = export_generation_folder(tmp_path / "bf16", "executorch", tmp_path / "bf16-out", kv_cache="program", max_seq_len=16)
     assert manifest["parts"]["decode"]["cache"]["custom_ops"] and manifest["parts"]["decode"]["parity"]["ok"]
+
+
+def test_a_cache_longer_than_a_learned_position_table_is_refused(tmp_path):
+    """GPT-2 indexes its 16-row position table (``wpe``) with ``cache_position``: a 32-position cache would be
+    refused at every step past the 16th, so the export is refused, naming the largest cache that fits; nothing
+    is written."""
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=96, n_embd=32, n_layer=1, n_head=2, n_positions=16)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).eval().save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(InputError) as caught:
+        export_generation_folder(tmp_path / "gpt2", "executorch", tmp_path / "out", kv_cache="program", max_seq_len=32)
+    assert str(caught.value) == (
+        "--max-seq-len 32 is more positions than the model's learned position table holds (16 rows, indexed by cache_position): "
+        "use --max-seq-len 16 or less"
+    )
+    assert not (tmp_path / "out").exists()

@@ -382,7 +382,8 @@ def export_for_generation(
                 "--custom-sdpa needs ExecuTorch's LLM operators (executorch.extension.llm.custom_ops), which the installed "
                 "executorch lacks; use --no-custom-sdpa"
             )
-        parts = program_cache_parts(model, inputs, getattr(base, "max_seq_len", None) or UNBOUNDED_DIM_MAX, custom_ops=custom_sdpa)
+        max_cache_len = getattr(base, "max_seq_len", None) or UNBOUNDED_DIM_MAX
+        parts = program_cache_parts(model, inputs, max_cache_len, custom_ops=custom_sdpa)
     else:
         parts = build_parts(model, _widen_batch(inputs), generation_config)
     artifacts: dict[str, Any] = {}
@@ -423,6 +424,9 @@ def export_for_generation(
             started = time.perf_counter()
             results[name] = exporter.run(part.module, _copy_inputs(part.inputs), configs[name])
             seconds[name] = time.perf_counter() - started
+    if kv_cache == "program":
+        for result in results.values():
+            _check_position_table(result.exported_program, max_cache_len)
     for name, part in parts.items():
         artifacts[name] = results[name].program
         axes[name] = dynamic_axes(results[name].exported_program, part.inputs)
@@ -434,6 +438,25 @@ def export_for_generation(
     generated.backend_entries = exporter.manifest_entries() if hasattr(exporter, "manifest_entries") else {}
     generated.quantized = bool(getattr(base, "quantize", None) or getattr(base, "quantize_embeddings", None))
     return generated
+
+
+def _check_position_table(program: torch.export.ExportedProgram, max_cache_len: int) -> None:
+    """Refuse a program whose ``cache_position`` indexes a learned position table (GPT-2's ``wpe``) with fewer
+    rows than the cache has positions: past the table's last row every step would be refused at run time.
+
+    Raises:
+        InputError: naming the table's rows and the largest ``--max-seq-len`` that fits.
+    """
+    from ..exporters.executorch import EMBEDDING_ROWS, input_index_bounds
+
+    names = [spec.arg.name for spec in program.graph_signature.input_specs if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT]
+    bounds = input_index_bounds(program)
+    for position, size, kind in zip(bounds[0::3], bounds[1::3], bounds[2::3]):
+        if names[position] == "cache_position" and kind == EMBEDDING_ROWS and size < max_cache_len:
+            raise InputError(
+                f"--max-seq-len {max_cache_len} is more positions than the model's learned position table holds ({size} rows, "
+                f"indexed by cache_position): use --max-seq-len {size} or less"
+            )
 
 
 def export_generation_folder(
