@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ExportStageError, InputError
+from ..errors import ExportStageError, HfExportersError, InputError
 
 # Tensor attributes some models set on a submodule inside forward (a rotary table cached for the
 # last sequence length). A trace leaves traced tensors there, which break the next eager forward.
@@ -177,7 +177,9 @@ def stage(exporter: str, title: str, seconds: dict[str, float] | None = None) ->
     except ExportStageError:
         raise
     except Exception as error:  # noqa: BLE001 - every failure is reported with its stage
-        raise ExportStageError(exporter, title, first_line(error), blamed_line(error)) from error
+        # a refusal of ours (raised inside the trace, say) names what to change: no model line to blame
+        blamed = None if isinstance(error, HfExportersError) else blamed_line(error)
+        raise ExportStageError(exporter, title, first_line(error), blamed) from error
     finally:
         if seconds is not None:
             seconds[title] = seconds.get(title, 0.0) + time.perf_counter() - started
