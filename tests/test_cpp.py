@@ -216,6 +216,7 @@ def test_the_parts_are_the_methods_of_one_program(llama_generation):
         "hf_exporters_input_index_bounds.prefill",
         "hf_exporters_input_mutation_outputs.decode",
         "hf_exporters_input_mutation_outputs.prefill",
+        "hf_exporters_input_static_axes.decode",  # the cache's heads and head size (the prompt has no static axis)
         "prefill",
     ]
     # input_ids (the first input of each method) indexes the 96-row token table
@@ -273,6 +274,11 @@ def test_cpp_drives_the_cache_held_in_the_program_by_position(llama_program_cach
     result = _hfx_run(folder, "--inputs", inputs)
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
         f"error: {folder / 'model.pte'}: inputs 0 (axis 1) and 1 (axis 0) are 2 and 1 long: the program was exported with one size for both"
+    ), result.stderr
+    save_file({"input_ids": torch.zeros(0, 2, dtype=torch.long), "cache_position": torch.tensor([0, 1])}, inputs)  # no row: traced at 1
+    result = _hfx_run(folder, "--inputs", inputs)
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+        f"error: {folder / 'model.pte'}: input 0 is 0 long on axis 0, which the program was exported for at 1 only"
     ), result.stderr
     if json.loads((folder / "export.json").read_text())["parts"]["decode"]["cache"]["custom_ops"]:
         save_file({"input_ids": torch.tensor([[1, 2, 3]]), "cache_position": torch.tensor([23, 0, 1])}, inputs)  # a run past the cache
@@ -376,6 +382,7 @@ MALFORMED = [
     ("method", "model.pte: the program has no method 'nope'"),
     ("same_method", "part 'prefill': shares model.pte and method 'prefill' with part 'decode'"),
     ("no_method", "part 'prefill': shares model.pte with part 'decode', and not both name a 'method' of it"),
+    ("own_method", "part 'decode': 'method' is not a method name: 'hf_exporters_input_static_axes.decode'"),
 ]
 
 
@@ -417,7 +424,9 @@ def _broken_copy(folder, tmp_path, edit):
         manifest["parts"]["decode"]["method"] = "prefill"
     elif edit == "no_method":
         del manifest["parts"]["decode"]["method"]
-    if edit in ("schema", "escape", "method", "same_method", "no_method"):
+    elif edit == "own_method":  # one of the exporter's constant methods, which the program does hold
+        manifest["parts"]["decode"]["method"] = "hf_exporters_input_static_axes.decode"
+    if edit in ("schema", "escape", "method", "same_method", "no_method", "own_method"):
         (broken / "export.json").write_text(json.dumps(manifest))
     if edit == "garbage_json":
         (broken / "export.json").write_text("{ not json")

@@ -1130,3 +1130,36 @@ def test_bounds_follow_casts_and_cover_written_axes(tmp_path):
         with pytest.raises(InputError) as caught:
             runner({**inputs, **bad})
         assert str(caught.value) == message
+
+
+class _RowsTimesState(torch.nn.Module):
+    """``x (2, n)`` times a ``(2, 1)`` state: the rows are traced at 2 (the state's), the length is dynamic."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("state", torch.tensor([[2.0], [3.0]]))
+
+    def forward(self, x):
+        return x * self.state
+
+
+def test_the_runner_refuses_another_size_on_an_axis_a_dynamic_program_keeps_static(tmp_path):
+    """A dynamic program records the axes its trace kept at one size; the runner refuses another size there
+    before ``execute`` (ExecuTorch accepts any shape within the planned bounds), and a static program
+    records none (ExecuTorch refuses to resize its inputs)."""
+    from hf_exporters.errors import InputError
+    from hf_exporters.exporters.executorch import input_static_axes
+
+    model, inputs = _RowsTimesState().eval(), {"x": torch.arange(10.0).reshape(2, 5)}
+    exporter = ExecutorchExporter()
+    result = exporter.run(model, inputs, ExecutorchConfig(dynamic_shapes={"x": {1: torch.export.Dim("n", min=2, max=16)}}))
+    assert input_static_axes(result.program.exported_program()) == [0, 0, 2]
+    runner = exporter.load_runner(exporter.save(result.program, tmp_path / "model.pte"))
+    assert runner.static_axes == [(0, 0, 2)]
+    longer = {"x": torch.arange(14.0).reshape(2, 7)}
+    torch.testing.assert_close(runner(longer)[0], model(**longer), rtol=0, atol=0)
+    with pytest.raises(InputError) as caught:
+        runner({"x": torch.ones(1, 7)})
+    assert str(caught.value) == "input 'x' is 1 long on axis 0, which the program was exported for at 2 only"
+    static = exporter.run(model, inputs, ExecutorchConfig())
+    assert input_static_axes(static.program.exported_program()) == []

@@ -460,8 +460,10 @@ def _edit_file(name, content):
         (lambda m, _: m["parts"]["decode"].update(role="speculate"), r"part 'decode' has an unknown role 'speculate' \(known: encoder, prefill, decode\)$"),
         (lambda m, _: m["parts"].pop("decode"), r"no part has the role 'decode'; a generation folder needs a prefill and a decode part$"),
         (lambda m, _: m["parts"]["decode"].update(role="prefill"), r"two parts share a role \(prefill\)$"),
+        (lambda m, _: m["parts"]["decode"].update(method="hf_exporters_input_static_axes"),
+         r"part 'decode' has a 'method' that is not a method name: 'hf_exporters_input_static_axes'$"),
     ],
-    ids=["corrupt-config", "corrupt-generation-config", "unknown-role", "no-decode", "two-prefills"],
+    ids=["corrupt-config", "corrupt-generation-config", "unknown-role", "no-decode", "two-prefills", "own-constant-method"],
 )
 def test_a_broken_folder_is_one_manifest_error(llama_folder, tmp_path, edit, message):
     target = _copy_with(llama_folder[0], tmp_path, edit)

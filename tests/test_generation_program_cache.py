@@ -66,6 +66,11 @@ def test_one_method_takes_ids_and_positions_and_returns_logits_only(program_fold
             "input 'cache_position' starts at position 31: its 3 positions from there pass the 32 positions of the cache it writes "
             "(valid starts for 3: 0 to 29)"
         )
+    # the batch axis was traced at 1: a batch of 2 is refused (it aborted update_cache)
+    assert runner.static_axes == [(0, 0, 1)]
+    with pytest.raises(InputError) as caught:
+        runner({"input_ids": torch.tensor([[1, 2], [3, 4]]), "cache_position": torch.tensor([0, 1])})
+    assert str(caught.value) == "input 'input_ids' is 2 long on axis 0, which the program was exported for at 1 only"
     # the tokens and their positions were traced as one length: a mismatch is refused (it aborted custom_sdpa)
     assert runner.equal_axes == [(0, 1, 1, 0)]
     for ids, positions in (([[1, 2]], [0]), ([[1]], [0, 1])):

@@ -169,6 +169,14 @@ std::string equal_axes_method(const std::string& method) {
   return method == "forward" ? std::string(kEqualAxesMethod) : std::string(kEqualAxesMethod) + "." + method;
 }
 
+//: the constant method holding [position, axis, size, ...] for the input axes a dynamic program was traced at one
+//: size on (hf_exporters.exporters.executorch.input_static_axes; "<this>.m" for another method m)
+constexpr const char* kStaticAxesMethod = "hf_exporters_input_static_axes";
+
+std::string static_axes_method(const std::string& method) {
+  return method == "forward" ? std::string(kStaticAxesMethod) : std::string(kStaticAxesMethod) + "." + method;
+}
+
 class ExecutorchPart final : public PartRunner {
  public:
   ExecutorchPart(const std::filesystem::path& path, const std::string& method) : path_(path.string()), method_name_(method) {
@@ -196,33 +204,14 @@ class ExecutorchPart final : public PartRunner {
         skip_outputs_ = static_cast<size_t>(constant->get_output(0).toInt());
     }
     const std::string bounds_name = index_bounds_method(method_name_);
-    if (program_->method_meta(bounds_name.c_str()).ok()) {
-      std::vector<std::vector<uint8_t>> scratch;
-      auto constant = load(bounds_name.c_str(), scratch);
-      if (constant->execute() != et::Error::Ok) throw Error(path_ + ": cannot read the constant method '" + bounds_name + "'");
-      for (size_t i = 0; i + 2 < constant->outputs_size(); i += 3) {
-        const et::EValue &position = constant->get_output(i), &size = constant->get_output(i + 1), &kind = constant->get_output(i + 2);
-        if (!position.isInt() || !size.isInt() || !kind.isInt() || position.toInt() < 0 || size.toInt() < 1)
-          throw Error(path_ + ": the constant method '" + bounds_name + "' does not hold (position, size, kind) triples");
-        index_rows_[static_cast<size_t>(position.toInt())] = {size.toInt(), kind.toInt()};
-      }
+    for (const auto& v : constant_ints(bounds_name, 3, "(position, size, kind) triples")) {
+      if (v[1] < 1) throw Error(path_ + ": the constant method '" + bounds_name + "' does not hold (position, size, kind) triples");
+      index_rows_[static_cast<size_t>(v[0])] = {v[1], v[2]};
     }
-    const std::string tied_name = equal_axes_method(method_name_);
-    if (program_->method_meta(tied_name.c_str()).ok()) {
-      std::vector<std::vector<uint8_t>> scratch;
-      auto constant = load(tied_name.c_str(), scratch);
-      if (constant->execute() != et::Error::Ok) throw Error(path_ + ": cannot read the constant method '" + tied_name + "'");
-      for (size_t i = 0; i + 3 < constant->outputs_size(); i += 4) {
-        std::array<int64_t, 4> pair{};
-        for (size_t k = 0; k < 4; ++k) {
-          const et::EValue& value = constant->get_output(i + k);
-          if (!value.isInt() || value.toInt() < 0)
-            throw Error(path_ + ": the constant method '" + tied_name + "' does not hold (position, axis, position, axis) quadruples");
-          pair[k] = value.toInt();
-        }
-        equal_axes_.push_back(pair);
-      }
-    }
+    for (const auto& v : constant_ints(equal_axes_method(method_name_), 4, "(position, axis, position, axis) quadruples"))
+      equal_axes_.push_back({v[0], v[1], v[2], v[3]});
+    for (const auto& v : constant_ints(static_axes_method(method_name_), 3, "(position, axis, size) triples"))
+      static_axes_.push_back({v[0], v[1], v[2]});
   }
 
   std::vector<std::vector<int64_t>> input_bounds() const override { return bounds_; }
@@ -261,6 +250,7 @@ class ExecutorchPart final : public PartRunner {
     }
     if (next != inputs.size())
       throw Error(path_ + ": the program takes " + std::to_string(next) + " tensor inputs, " + std::to_string(inputs.size()) + " given");
+    check_static_axes(sizes);
     check_equal_axes(sizes);
     const et::Error status = method_->execute();
     if (status != et::Error::Ok) throw Error(path_ + ": execute failed (" + error_text(status) + ")");
@@ -294,6 +284,39 @@ class ExecutorchPart final : public PartRunner {
         throw Error(path_ + ": input " + std::to_string(index) + " axis " + std::to_string(d) + " is " + std::to_string(t.shape[d]) +
                     ", the program was exported for at most " + std::to_string(bound[d]) +
                     " (ExecuTorch plans memory for a dynamic axis up to its export bound: hf-exporters export --max-seq-len raises it)");
+  }
+
+  /// The values of the constant method `name` in groups of `group` non-negative integers; none when the program
+  /// has no such method (one exported before it existed, or with nothing to record).
+  std::vector<std::vector<int64_t>> constant_ints(const std::string& name, size_t group, const char* what) {
+    std::vector<std::vector<int64_t>> groups;
+    if (!program_->method_meta(name.c_str()).ok()) return groups;
+    std::vector<std::vector<uint8_t>> scratch;
+    auto constant = load(name.c_str(), scratch);
+    if (constant->execute() != et::Error::Ok) throw Error(path_ + ": cannot read the constant method '" + name + "'");
+    for (size_t i = 0; i + group <= constant->outputs_size(); i += group) {
+      std::vector<int64_t> values;
+      for (size_t k = 0; k < group; ++k) {
+        const et::EValue& value = constant->get_output(i + k);
+        if (!value.isInt() || value.toInt() < 0) throw Error(path_ + ": the constant method '" + name + "' does not hold " + what);
+        values.push_back(value.toInt());
+      }
+      groups.push_back(std::move(values));
+    }
+    return groups;
+  }
+
+  /// Refuse, before execute, an input whose size on an axis the dynamic program was traced at one size on
+  /// differs from it: the runtime accepts any shape within the planned bounds, and kernels that assume the
+  /// traced size abort the process on another (llama::update_cache on a batch of 2).
+  template <typename Sizes>
+  void check_static_axes(const Sizes& sizes) const {
+    for (const auto& [position, axis, size] : static_axes_) {
+      if (static_cast<size_t>(position) >= sizes.size() || static_cast<size_t>(axis) >= sizes[position].size()) continue;
+      if (sizes[position][axis] != size)
+        throw Error(path_ + ": input " + std::to_string(position) + " is " + std::to_string(sizes[position][axis]) + " long on axis " +
+                    std::to_string(axis) + ", which the program was exported for at " + std::to_string(size) + " only");
+    }
   }
 
   /// Refuse, before execute, inputs whose axes the trace tied to one size but that differ: kernels assume
@@ -384,6 +407,7 @@ class ExecutorchPart final : public PartRunner {
   size_t skip_outputs_ = 0;
   std::map<size_t, std::pair<int64_t, int64_t>> index_rows_;  // method input position -> (size it indexes, kind)
   std::vector<std::array<int64_t, 4>> equal_axes_;  // (position, axis, position, axis) traced as one size
+  std::vector<std::array<int64_t, 3>> static_axes_;  // (position, axis, size) a dynamic program was traced at
 };
 
 }  // namespace

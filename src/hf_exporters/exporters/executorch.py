@@ -17,7 +17,7 @@ from ..config import ExecutorchConfig
 from ..deps import require
 from ..errors import InputError
 from ..pytree import register_model_pytrees
-from ..runtime.et_runner import equal_axes_method, index_bounds_method, input_mutations_method
+from ..runtime.et_runner import equal_axes_method, index_bounds_method, input_mutations_method, static_axes_method
 from ..shapes import size_oblivious_sizes
 from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
 from ..workarounds.executorch.lowering_speed import check_pinned_internals, defer_auto_functionalized_module
@@ -148,6 +148,35 @@ def input_equal_axes(exported: torch.export.ExportedProgram) -> list[int]:
                     groups.setdefault(str(size.node.expr), []).append((position, axis))
         position += 1
     return [v for members in groups.values() for other in members[1:] for v in (*members[0], *other)]
+
+
+def input_static_axes(exported: torch.export.ExportedProgram) -> list[int]:
+    """``[position, axis, size, ...]``: every axis of a user tensor input that the trace kept at one size, when
+    some other input axis is dynamic; ``[]`` for a program whose input axes are all static.
+
+    ExecuTorch plans a dynamic program's inputs for their largest sizes and accepts any input that fits
+    them, so an input whose static axis differs from the traced size (a batch of 2 for a program traced at
+    batch 1, fewer elements on a static axis) can reach kernels that assume the traced size, and some
+    abort the process (ExecuTorch's ``llama::update_cache`` on a cache held in the program: SIGABRT). The
+    runners read these axes from the program and refuse such inputs before ``execute``. (A program with
+    every axis static needs none: ExecuTorch refuses to resize its inputs.)"""
+    nodes = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
+    axes: list[int] = []
+    dynamic = False
+    position = 0
+    for spec in exported.graph_signature.input_specs:
+        if spec.kind != torch.export.graph_signature.InputKind.USER_INPUT:
+            continue
+        node = nodes.get(getattr(spec.arg, "name", ""))
+        value = node.meta.get("val") if node is not None else None
+        if isinstance(value, torch.Tensor):
+            for axis, size in enumerate(value.shape):
+                if isinstance(size, int) or (isinstance(size, torch.SymInt) and size.node.expr.is_number):
+                    axes.extend((position, axis, int(size)))
+                else:
+                    dynamic = True
+        position += 1
+    return axes if dynamic else []
 
 
 class ExecutorchExporter(DynamoExporter):
@@ -374,6 +403,10 @@ class ExecutorchExporter(DynamoExporter):
                     tied = input_equal_axes(edge.exported_program(name))
                     if tied:
                         edge._config_methods[equal_axes_method(name)] = tied
+                    # the input axes traced at one size in a dynamic program: the runners refuse other sizes there
+                    static = input_static_axes(edge.exported_program(name))
+                    if static:
+                        edge._config_methods[static_axes_method(name)] = static
             with stage(self.name, SERIALISATION, shared):
                 manager = edge.to_executorch()
         partitions = delegated_partitions(manager)

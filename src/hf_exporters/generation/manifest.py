@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import ManifestError
 from ..folders import MANIFEST_NAME
-from ..runtime.et_runner import EQUAL_AXES_METHOD, INDEX_BOUNDS_METHOD, INPUT_MUTATIONS_METHOD
+from ..runtime.et_runner import OWN_METHOD_PREFIX
 
 #: version of the ``export.json`` layout of a generation folder; readers refuse other versions
 GENERATION_SCHEMA_VERSION = 1
@@ -58,7 +58,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
             raise ManifestError(f"{path}: no part has the role {role!r}; a generation folder needs a prefill and a decode part")
     methods_by_file: dict[str, list[tuple[str, Any]]] = {}
     for name, part in parts.items():
-        if "method" in part and (not isinstance(part["method"], str) or not part["method"] or part["method"].startswith((INPUT_MUTATIONS_METHOD, INDEX_BOUNDS_METHOD, EQUAL_AXES_METHOD))):
+        if "method" in part and (not isinstance(part["method"], str) or not part["method"] or part["method"].startswith(OWN_METHOD_PREFIX)):
             raise ManifestError(f"{path}: part {name!r} has a 'method' that is not a method name: {part['method']!r}")
         methods_by_file.setdefault(str(part.get("file")), []).append((name, part.get("method")))
     for file, named in methods_by_file.items():

@@ -135,6 +135,9 @@ def check_pte_file(path: str | os.PathLike[str] | bytes) -> None:
             raise ValueError(f"{name} is truncated: {size} bytes where its header promises {needed}")
 
 
+#: what the name of every constant method the exporter stores starts with (no method of a model's does)
+OWN_METHOD_PREFIX = "hf_exporters_"
+
 #: the constant method the exporter stores (kept in sync with hf_exporters.exporters.executorch)
 INPUT_MUTATIONS_METHOD = "hf_exporters_input_mutation_outputs"
 
@@ -165,6 +168,31 @@ def equal_axes_method(method: str) -> str:
     ``method`` traced as one size (see :func:`hf_exporters.exporters.executorch.input_equal_axes`); absent
     when no two are."""
     return EQUAL_AXES_METHOD if method == "forward" else f"{EQUAL_AXES_METHOD}.{method}"
+
+
+#: the constant method holding the static input axes of a dynamic ``forward`` (kept in sync with the C++ runner)
+STATIC_AXES_METHOD = "hf_exporters_input_static_axes"
+
+
+def static_axes_method(method: str) -> str:
+    """The constant method holding ``[position, axis, size, ...]`` for the input axes of ``method`` traced at one
+    size (see :func:`hf_exporters.exporters.executorch.input_static_axes`); absent when every axis is static."""
+    return STATIC_AXES_METHOD if method == "forward" else f"{STATIC_AXES_METHOD}.{method}"
+
+
+def check_static_axes(flat: list[Any], axes: list[tuple[int, int, int]], names: list[str] | None = None) -> None:
+    """Refuse an input whose size on an axis the program traced at one size differs from it.
+
+    Raises:
+        InputError: "input 'input_ids' is 2 long on axis 0, which the program was exported for at 1 only".
+    """
+    from ..errors import InputError
+
+    for position, axis, size in axes:
+        value = flat[position] if position < len(flat) else None
+        if isinstance(value, torch.Tensor) and axis < value.dim() and value.shape[axis] != size:
+            label = repr(names[position]) if names is not None and position < len(names) else str(position)
+            raise InputError(f"input {label} is {value.shape[axis]} long on axis {axis}, which the program was exported for at {size} only")
 
 
 def check_equal_axes(flat: list[Any], pairs: list[tuple[int, int, int, int]], names: list[str] | None = None) -> None:
@@ -322,6 +350,12 @@ class ExecutorchRunner:
         if constant in self.program.method_names:
             values = [int(v) for v in self.program.load_method(constant).execute([])]
             self.equal_axes = [(values[i], values[i + 1], values[i + 2], values[i + 3]) for i in range(0, len(values) - 3, 4)]
+        #: (position, axis, size) of the input axes a dynamic program was traced at one size on
+        self.static_axes: list[tuple[int, int, int]] = []
+        constant = static_axes_method(method)
+        if constant in self.program.method_names:
+            values = [int(v) for v in self.program.load_method(constant).execute([])]
+            self.static_axes = [(values[i], values[i + 1], values[i + 2]) for i in range(0, len(values) - 2, 3)]
 
     def for_method(self, method: str) -> "ExecutorchRunner":
         """A runner of another method of the same program, sharing the loaded program (its weights are
@@ -338,14 +372,16 @@ class ExecutorchRunner:
         Raises:
             InputError: an input that indexes a tensor (an embedding table, a cache held in the program)
                 holds an index outside it (checked before ``execute``: ExecuTorch's quantized embedding
-                kernels abort the process on one), or two input axes traced as one size differ.
+                kernels abort the process on one), two input axes traced as one size differ, or an input's size on
+                an axis a dynamic program was traced at one size on differs from it.
             RuntimeError: the runtime refused the inputs or a kernel failed; the message carries the
                 runtime's own log lines that name the failing instruction and operator ("KernelCall
                 failed at instruction 0:74 in operator aten::_upsample_bilinear2d_aa.out: 0x12").
         """
         flat = flat_inputs(inputs)
-        if self.index_bounds or self.equal_axes:
+        if self.index_bounds or self.equal_axes or self.static_axes:
             names = list(inputs) if all(isinstance(v, torch.Tensor) for v in inputs.values()) else None
+            check_static_axes(flat, self.static_axes, names)
             check_equal_axes(flat, self.equal_axes, names)
             check_index_bounds(flat, self.index_bounds, names)
         if self._log is None:
