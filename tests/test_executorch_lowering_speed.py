@@ -7,6 +7,9 @@ decompositions. The ``.pte`` is the same program with and without the patches.
 
 from __future__ import annotations
 
+import inspect
+import threading
+
 import pytest
 import torch
 
@@ -505,10 +508,12 @@ def test_graph_modules_of_the_lowering_compiled_only_when_used(monkeypatch):
     monkeypatch.setattr(_lazy_graph_module._LazyGraphModule, "_real_recompile", counting_real)
     manager = ExecutorchExporter().export(ConvBlock().eval(), _inputs(), ExecutorchConfig())
     assert made[0] >= 20 and compiled[0] <= 3, (made, compiled)
+    # the lowered program's graph module was made plain when the stage ended: its code made, its signature its own
     lowered = manager.exported_program().graph_module
-    assert isinstance(lowered, _lazy_graph_module._LazyGraphModule)
-    assert "executorch_call_delegate" in lowered.code
-    assert type(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())) is not _lazy_graph_module._LazyGraphModule
+    assert isinstance(lowered, torch.fx.GraphModule) and not isinstance(lowered, _lazy_graph_module._LazyGraphModule)
+    assert list(inspect.signature(lowered.forward).parameters)[-1] == "x"
+    assert "executorch_call_delegate" in lowered.recompile().src
+    assert not isinstance(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()), _lazy_graph_module._LazyGraphModule)
     with without_workarounds(LAZY):
         plain = _conv_block_pte()
     assert manager.buffer == plain
@@ -525,6 +530,28 @@ def test_lazy_graph_module_records_its_pytree_specs_before_its_code():
     x = torch.randn(2, 4, 16)
     assert torch.equal(lazy(x), traced(x))
     assert not type(lazy)._needs_recompile()
+
+
+def test_graph_modules_of_other_threads_stay_plain_and_survivors_are_made_plain(monkeypatch):
+    """Only the thread that installed the patch (the exporting one) gets lazy graph modules; the ones still
+    alive when the stage ends become plain graph modules that run as before."""
+    from torch.fx import _lazy_graph_module
+
+    replacement = lowering_speed._patch_graph_modules_compiled_on_first_use(torch.fx.GraphModule.__new__)
+    monkeypatch.setattr(torch.fx.GraphModule, "__new__", staticmethod(replacement))
+    traced = torch.fx.symbolic_trace(ConvBlock().eval())
+    other: list[torch.fx.GraphModule] = []
+    thread = threading.Thread(target=lambda: other.append(torch.fx.GraphModule(traced, traced.graph)))
+    thread.start()
+    thread.join()
+    mine = torch.fx.GraphModule(traced, traced.graph)
+    assert isinstance(mine, _lazy_graph_module._LazyGraphModule) and not isinstance(other[0], _lazy_graph_module._LazyGraphModule)
+    monkeypatch.undo()
+    assert lowering_speed.lazy_graph_modules_made_plain() >= 1
+    assert not isinstance(mine, _lazy_graph_module._LazyGraphModule)
+    assert list(inspect.signature(mine.forward).parameters) == ["x"]
+    x = _inputs()["x"]
+    assert torch.equal(mine(x), traced(x))
 
 
 def test_moved_lazy_graph_module_fails_naming_the_stage(monkeypatch):

@@ -20,7 +20,7 @@ from ..pytree import register_model_pytrees
 from ..runtime.et_runner import equal_axes_method, index_bounds_method, input_mutations_method, static_axes_method
 from ..shapes import size_oblivious_sizes
 from ..workarounds.executorch.fx_program_fixes import dynamic_dim_max
-from ..workarounds.executorch.lowering_speed import check_pinned_internals, defer_auto_functionalized_module
+from ..workarounds.executorch.lowering_speed import check_pinned_internals, defer_auto_functionalized_module, lazy_graph_modules_made_plain
 from ._common import existing_objects_frozen, normalize_inputs, stage
 from .executorch_quantize import check_embedding_quantize, check_quantize, fuse_quantized_embeddings, quantize_embeddings, quantize_linears
 from .dynamo import DynamoExporter
@@ -349,6 +349,7 @@ class ExecutorchExporter(DynamoExporter):
             patching: dict[str, float] = {}
             with stage(self.name, "Stage 3: ExecuTorch patches", patching):
                 check_pinned_internals(scope)
+                stack.callback(lazy_graph_modules_made_plain)  # after the patches end (see lowering_speed)
                 stack.enter_context(registry.apply_patches(scope, stage="Stage 3: ExecuTorch patches"))
 
             for name, result in traced.items():

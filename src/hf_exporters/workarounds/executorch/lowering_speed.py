@@ -23,7 +23,9 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
+import threading
 import types
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -730,8 +732,9 @@ def _patch_graph_modules_compiled_on_first_use(original: Any) -> Any:
     while ``recompile`` took 2.2 s of its 8 s. A ``torch.fx.GraphModule`` made while the patch is
     active is a ``torch.fx._lazy_graph_module._LazyGraphModule`` (a ``GraphModule`` subclass torch uses
     for the same reason in ``torch.compile``), which defers that work until the code is needed;
-    subclasses of ``GraphModule`` and graph modules made before the stage are unchanged. The ``.pte`` is
-    byte-identical (tested), and graph modules made during the lowering stay usable after it.
+    subclasses of ``GraphModule``, graph modules made before the stage and those made by other threads are
+    unchanged. When the stage ends the exporter makes the lazy modules still alive (the lowered program's)
+    plain graph modules again (:func:`lazy_graph_modules_made_plain`). The ``.pte`` is byte-identical (tested).
     Models: every model lowered to ExecuTorch (all-MiniLM-L6-v2, LlamaForCausalLM, ...).
     Upstream: pytorch/pytorch torch/fx/_lazy_graph_module.py (lazy graph modules are made only through
         ``_make_graph_module`` under ``_use_lazy_graph_module(True)``, which torch.compile sets and
@@ -740,11 +743,40 @@ def _patch_graph_modules_compiled_on_first_use(original: Any) -> Any:
         :data:`SUPPORTED_TORCH`).
     """
     lazy = _lazy_graph_module_class()
+    exporting = threading.get_ident()  # the patch is installed by the exporting thread, under the export lock
 
     def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
-        return original(lazy if cls is torch.fx.GraphModule else cls, *args, **kwargs)
+        if cls is not torch.fx.GraphModule or threading.get_ident() != exporting:
+            return original(cls, *args, **kwargs)
+        made = original(lazy, *args, **kwargs)
+        _LAZY_MADE.add(made)
+        return made
 
     return __new__
+
+
+#: the graph modules :func:`_patch_graph_modules_compiled_on_first_use` made lazy that are still alive
+_LAZY_MADE: weakref.WeakSet[torch.fx.GraphModule] = weakref.WeakSet()
+
+
+def lazy_graph_modules_made_plain() -> int:
+    """Make every graph module the lazy-graph-module patch made, and that is still alive, a plain
+    ``torch.fx.GraphModule`` with its code compiled: the exporter calls this when its Stage 3 patches end, so
+    that the program it returns (and anything a fix kept) holds no lazy module, whose ``forward`` signature is
+    ``(*args, **kwargs)`` until first called, whose first call runs forward hooks twice, and which
+    ``torch.jit.script`` refuses. Returns how many it changed."""
+    changed = 0
+    for module in list(_LAZY_MADE):
+        lazy = type(module)
+        module.__class__ = type("GraphModuleImpl", (torch.fx.GraphModule,), {})  # as GraphModule.__new__ makes it
+        try:
+            module.recompile()
+        except Exception:  # noqa: BLE001 - a graph left half-rewritten by a failed pass: it stays lazy, the export's error stands
+            module.__class__ = lazy
+            continue
+        changed += 1
+    _LAZY_MADE.clear()
+    return changed
 
 
 @functools.cache
