@@ -287,6 +287,12 @@ def test_cpp_drives_the_cache_held_in_the_program_by_position(llama_program_cach
             f"error: {folder / 'model.pte'}: input 1 starts at position 23: its 3 positions from there pass the 24 positions of the cache "
             "it writes (valid starts for 3: 0 to 21)"
         ), result.stderr
+        save_file({"input_ids": torch.tensor([[1, 2, 3]]), "cache_position": torch.tensor([0, 1, 7])}, inputs)  # not one run
+        result = _hfx_run(folder, "--inputs", inputs)
+        assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+            f"error: {folder / 'model.pte'}: input 1 holds the positions 1 then 7 (elements 1 and 2): the cache is written at one run of "
+            "positions, each one past the one before"
+        ), result.stderr
     result = _hfx_run(folder, "--generate", "--input-ids", ",".join(["1"] * 20), "--max-new-tokens", 8)
     assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
         "error: prompt of 20 tokens and 8 new tokens need 27 positions, this folder was exported for at most 24 "
@@ -553,3 +559,32 @@ def test_a_sweep_job_runs_on_the_cpp_runtime():
     assert record["outcome"] == "pass", record
     assert record["input_sets"] == 2 and record["max_abs_diff"] <= record["atol"]
     assert runner.job_key(spec) == "ours|executorch|dynamic|BertModel|cpp"
+
+
+def test_generation_stops_at_the_folders_end_of_sequence_token(llama_generation, tmp_path):
+    """With no --eos-token-id, hfx-run stops at the folder's generation_config.json eos_token_id (an id or a
+    list), as ExportedGenerator and transformers' generate do; an explicit --eos-token-id stops at its own."""
+    model, folder = llama_generation
+    prompt = [5, 17, 33, 2, 71, 9]
+    full = _hfx_run(folder, "--generate", "--input-ids", ",".join(map(str, prompt)), "--max-new-tokens", 8)
+    assert full.returncode == 0 and full.stderr == ""  # no runtime log line (the prefill has no static-axes method)
+    ids = [int(i) for i in re.search(r"^ids: (\S+)$", full.stdout, re.M).group(1).split(",")]
+    new = ids[len(prompt):]
+    assert len(new) == 8 and len(set(new)) > 2, new
+    stop = new[2]
+    copy = tmp_path / "eos"
+    shutil.copytree(folder, copy)
+    for eos in (stop, [stop, 10_000]):
+        (copy / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+        result = _hfx_run(copy, "--generate", "--input-ids", ",".join(map(str, prompt)), "--max-new-tokens", 8)
+        assert result.returncode == 0, result.stderr
+        assert re.search(r"^ids: (\S+)$", result.stdout, re.M).group(1) == ",".join(map(str, ids[: len(prompt) + new.index(stop) + 1]))
+        python = ExportedGenerator.from_pretrained(copy).generate(torch.tensor([prompt]), max_new_tokens=8)
+        assert python[0].tolist() == ids[: len(prompt) + new.index(stop) + 1]
+    result = _hfx_run(copy, "--generate", "--input-ids", ",".join(map(str, prompt)), "--max-new-tokens", 8, "--eos-token-id", new[0])
+    assert re.search(r"^ids: (\S+)$", result.stdout, re.M).group(1) == ",".join(map(str, ids[: len(prompt) + 1]))
+    (copy / "generation_config.json").write_text(json.dumps({"eos_token_id": "end"}))
+    result = _hfx_run(copy, "--generate", "--input-ids", "1,2", "--max-new-tokens", 2)
+    assert result.returncode == 1 and result.stderr.strip() == (
+        f"error: {copy.resolve() / 'generation_config.json'}: eos_token_id is not a token id or a list of them"
+    ), result.stderr

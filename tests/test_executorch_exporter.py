@@ -1163,3 +1163,14 @@ def test_the_runner_refuses_another_size_on_an_axis_a_dynamic_program_keeps_stat
     assert str(caught.value) == "input 'x' is 1 long on axis 0, which the program was exported for at 2 only"
     static = exporter.run(model, inputs, ExecutorchConfig())
     assert input_static_axes(static.program.exported_program()) == []
+    # what ExecuTorch refuses with a log line alone, or drops, is refused naming the input
+    for bad, message in [
+        ({"x": torch.ones(2, 7, dtype=torch.float64)}, "input 'x' is torch.float64, where the program takes torch.float32"),
+        ({"x": torch.ones(2, 7).numpy()}, "input 'x' is a numpy.ndarray: the runner takes torch tensors"),
+        ({"x": [1.0, 2.0]}, "input 'x' is a builtins.list: the runner takes torch tensors"),
+        ({}, "the method takes 1 input; 0 given ()"),
+        ({"x": torch.ones(2, 7), "y": torch.ones(2, 7)}, "the method takes 1 input; 2 given ('x', 'y')"),
+    ]:
+        with pytest.raises(InputError) as caught:
+            runner(bad)
+        assert str(caught.value) == message

@@ -558,6 +558,11 @@ def test_cli_generate_compare_eager(tmp_path):
 
     empty = CliRunner().invoke(app, ["generate", str(out), "--prompt", "  "])
     assert empty.exit_code == 1 and empty.output.strip() == "error: the prompt is empty: give --prompt some text to continue"
+    # a checkpoint that is not there is refused before generating (nothing printed but the error)
+    missing = CliRunner().invoke(app, ["generate", str(out), "--prompt", "a b", "--compare-eager", "--model", str(tmp_path / "gone")])
+    assert missing.exit_code == 1 and missing.output.strip() == f"error: --compare-eager --model {tmp_path / 'gone'}: no such checkpoint folder"
+    runtime = CliRunner().invoke(app, ["generate", str(out), "--prompt", "a b", "--runtime", "gpu"])
+    assert runtime.exit_code == 2  # a choice outside --runtime's is a usage error
     # ids that differ from eager have their own status (3), apart from errors (1) and usage errors (2)
     other = tmp_path / "other"
     _spread_weights(tf.LlamaForCausalLM(tf.LlamaConfig(**TINY, eos_token_id=None)), seed=1).save_pretrained(other)

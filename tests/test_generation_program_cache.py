@@ -66,6 +66,13 @@ def test_one_method_takes_ids_and_positions_and_returns_logits_only(program_fold
             "input 'cache_position' starts at position 31: its 3 positions from there pass the 32 positions of the cache it writes "
             "(valid starts for 3: 0 to 29)"
         )
+        # positions that do not follow each other: the operators would write and attend 0, 1, 2 all the same
+        for positions, message in (([0, 5, 6], "0 then 5 (elements 0 and 1)"), ([2, 1, 0], "2 then 1 (elements 0 and 1)")):
+            with pytest.raises(InputError) as caught:
+                runner({"input_ids": torch.tensor([[1, 2, 3]]), "cache_position": torch.tensor(positions)})
+            assert str(caught.value) == (
+                f"input 'cache_position' holds the positions {message}: the cache is written at one run of positions, each one past the one before"
+            )
     # the batch axis was traced at 1: a batch of 2 is refused (it aborted update_cache)
     assert runner.static_axes == [(0, 0, 1)]
     with pytest.raises(InputError) as caught:

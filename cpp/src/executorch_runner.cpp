@@ -197,7 +197,7 @@ class ExecutorchPart final : public PartRunner {
       bounds_.emplace_back(info->sizes().begin(), info->sizes().end());
     }
     const std::string constant_name = input_mutations_method(method_name_);
-    if (program_->method_meta(constant_name.c_str()).ok()) {
+    if (has_method(constant_name)) {
       std::vector<std::vector<uint8_t>> scratch;
       auto constant = load(constant_name.c_str(), scratch);
       if (constant->execute() == et::Error::Ok && constant->outputs_size() > 0 && constant->get_output(0).isInt())
@@ -286,11 +286,21 @@ class ExecutorchPart final : public PartRunner {
                     " (ExecuTorch plans memory for a dynamic axis up to its export bound: hf-exporters export --max-seq-len raises it)");
   }
 
+  /// Whether the program holds a method `name`, asked without the runtime logging an error for an absent one (as
+  /// method_meta does): a program exported before a constant method existed, or with nothing to record, lacks it.
+  bool has_method(const std::string& name) const {
+    for (size_t i = 0; i < program_->num_methods(); ++i) {
+      auto each = program_->get_method_name(i);
+      if (each.ok() && name == *each) return true;
+    }
+    return false;
+  }
+
   /// The values of the constant method `name` in groups of `group` non-negative integers; none when the program
   /// has no such method (one exported before it existed, or with nothing to record).
   std::vector<std::vector<int64_t>> constant_ints(const std::string& name, size_t group, const char* what) {
     std::vector<std::vector<int64_t>> groups;
-    if (!program_->method_meta(name.c_str()).ok()) return groups;
+    if (!has_method(name)) return groups;
     std::vector<std::vector<uint8_t>> scratch;
     auto constant = load(name.c_str(), scratch);
     if (constant->execute() != et::Error::Ok) throw Error(path_ + ": cannot read the constant method '" + name + "'");
@@ -341,13 +351,15 @@ class ExecutorchPart final : public PartRunner {
     if (found == index_rows_.end() || t.numel() == 0) return;
     const int64_t rows = found->second.first, kind = found->second.second;
     const char* what = kind == 0 ? " rows of the embedding table" : kind == 1 ? " positions of the axis" : " positions of the cache";
-    int64_t bad = 0;
+    int64_t bad = 0, apart = -1;  // apart: the first element not one past the one before it
     bool out = false;
     auto scan = [&](auto sample) {
       using T = decltype(sample);
       const auto* values = reinterpret_cast<const T*>(t.data.data());
-      for (int64_t k = 0; k < t.numel() && !out; ++k)
+      for (int64_t k = 0; k < t.numel() && !out; ++k) {
         if (values[k] < 0 || static_cast<int64_t>(values[k]) >= rows) out = true, bad = static_cast<int64_t>(values[k]);
+        if (apart < 0 && k > 0 && static_cast<int64_t>(values[k]) != static_cast<int64_t>(values[k - 1]) + 1) apart = k;
+      }
     };
     int64_t start = 0;
     if (t.dtype == "int64") scan(int64_t{}), start = *reinterpret_cast<const int64_t*>(t.data.data());
@@ -362,6 +374,15 @@ class ExecutorchPart final : public PartRunner {
     if (out)
       throw Error(path_ + ": input " + std::to_string(position) + " holds the index " + std::to_string(bad) + ", outside the " + std::to_string(rows) +
                   what + " it indexes (valid: 0 to " + std::to_string(rows - 1) + ")");
+    // kind 2: the operators write and attend one run of positions from the first value, whatever the others hold
+    if (kind == 2 && apart > 0) {
+      auto at = [&](int64_t k) {
+        return t.dtype == "int64" ? reinterpret_cast<const int64_t*>(t.data.data())[k] : int64_t{reinterpret_cast<const int32_t*>(t.data.data())[k]};
+      };
+      throw Error(path_ + ": input " + std::to_string(position) + " holds the positions " + std::to_string(at(apart - 1)) + " then " +
+                  std::to_string(at(apart)) + " (elements " + std::to_string(apart - 1) + " and " + std::to_string(apart) +
+                  "): the cache is written at one run of positions, each one past the one before");
+    }
   }
 
   std::unique_ptr<et::Method> load(const char* name, std::vector<std::vector<uint8_t>>& planned) {

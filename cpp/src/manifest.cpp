@@ -62,6 +62,30 @@ std::vector<std::string> output_names(const json& list, const std::string& where
 
 }  // namespace
 
+namespace {
+
+/// The end-of-sequence ids of a generation folder's generation_config.json (an id or a list of ids); none when the
+/// file or the field is absent or null. Throws hfx::Error when the file is not JSON or the field holds something else.
+std::vector<int64_t> eos_token_ids(const fs::path& path) {
+  std::vector<int64_t> ids;
+  if (!fs::is_regular_file(path)) return ids;
+  std::ifstream in(path);
+  json config;
+  try {
+    config = json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(path.string() + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+  const json eos = config.is_object() && config.contains("eos_token_id") ? config["eos_token_id"] : json();
+  for (const json& id : eos.is_array() ? eos : (eos.is_null() ? json::array() : json::array({eos}))) {
+    if (!id.is_number_integer()) throw Error(path.string() + ": eos_token_id is not a token id or a list of them");
+    ids.push_back(id.get<int64_t>());
+  }
+  return ids;
+}
+
+}  // namespace
+
 Manifest read_manifest(const fs::path& directory) {
   if (!fs::is_directory(directory)) throw Error(directory.string() + ": not a folder");
   const fs::path path = directory / "export.json";
@@ -89,6 +113,7 @@ Manifest read_manifest(const fs::path& directory) {
     m.is_encoder_decoder = doc.value("is_encoder_decoder", false);
     if (doc.contains("vocab_size") && !doc["vocab_size"].is_null()) m.vocab_size = doc["vocab_size"].get<int64_t>();
     if (m.kind == "generation") {
+      m.eos_token_ids = eos_token_ids(directory / "generation_config.json");
       const json& parts = doc.at("parts");
       if (!parts.is_object() || parts.empty()) throw Error(where + ": 'parts' is empty or not an object");
       for (const auto& [name, entry] : parts.items()) {

@@ -116,6 +116,7 @@ Generator::Generator(const Manifest& manifest) {
   if (manifest.is_encoder_decoder) throw Error(manifest.directory.string() + ": encoder-decoder generation is not supported by hfx yet (decoder-only folders are)");
   const Part& decode = manifest.part_with_role("decode");
   vocab_size_ = manifest.vocab_size;
+  eos_token_ids_ = manifest.eos_token_ids;
   if (decode.cache_kind == "program" && manifest.parts.size() == 1) {
     // the program holds the cache: one method runs the prompt at positions 0..T-1, then each new token
     prefill_ = &decode;
@@ -132,6 +133,11 @@ Generator::Generator(const Manifest& manifest) {
   decode_runner_ = load_part(manifest, decode);
   prefill_limit_ = smaller_known(input_bound(prefill, *prefill_runner_, "input_ids", 1), input_bound(prefill, *prefill_runner_, "attention_mask", 1));
   decode_limit_ = input_bound(decode, *decode_runner_, "attention_mask", 1);  // a mask over every position so far
+}
+
+bool Generator::ends(int64_t token, int64_t eos_token_id) const {
+  if (eos_token_id >= 0) return token == eos_token_id;
+  return std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token) != eos_token_ids_.end();
 }
 
 GenerationResult Generator::generate(const std::vector<int64_t>& prompt, int max_new_tokens, int64_t eos_token_id) {
@@ -161,7 +167,7 @@ GenerationResult Generator::generate(const std::vector<int64_t>& prompt, int max
     const int64_t token = argmax_last(outputs[0]);
     result.ids.push_back(token);
     ++result.new_tokens;
-    if (token == eos_token_id || step + 1 == max_new_tokens) break;
+    if (ends(token, eos_token_id) || step + 1 == max_new_tokens) break;
     std::vector<Tensor> feed;
     feed.push_back(make_int64({1, 1}, {token}));
     feed.push_back(make_int64({1, static_cast<int64_t>(result.ids.size())}, std::vector<int64_t>(result.ids.size(), 1)));
@@ -200,7 +206,7 @@ GenerationResult Generator::generate_in_program(const std::vector<int64_t>& prom
     const int64_t token = argmax_last(outputs[0]);
     result.ids.push_back(token);
     ++result.new_tokens;
-    if (token == eos_token_id || step + 1 == max_new_tokens) break;
+    if (ends(token, eos_token_id) || step + 1 == max_new_tokens) break;
     const int64_t position = static_cast<int64_t>(result.ids.size()) - 1;
     outputs = decode_runner_->run({make_int64({1, 1}, {token}), make_int64({1}, {position})});
   }

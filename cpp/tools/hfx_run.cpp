@@ -36,6 +36,7 @@ const char* kUsage =
     "usage: hfx-run DIR --inputs in.safetensors [--part NAME] [--expect out.safetensors [--atol A]] [--output out.safetensors] [--repeat N]\n"
     "       hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID] [--warmup]\n"
     "--atol A: a finite number >= 0 (default 1e-3)\n"
+    "--eos-token-id ID: stop at ID (default: the folder's generation_config.json eos_token_id)\n"
     "exit status: 0 done (with --expect: every output compared and within --atol); 1 an error or a bad flag;\n"
     "  2 a parity failure: an output beyond --atol, an output missing from the --expect file, or nothing compared\n";
 

@@ -88,7 +88,7 @@ def export(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty output folder."),
     aoti: bool = typer.Option(False, "--aoti", help="dynamo: also compile an AOTInductor package (model.aoti.pt2) for C++ (needs g++)."),
     max_seq_len: Optional[int] = typer.Option(
-        None, "--max-seq-len", help="executorch: upper bound of every dynamic axis (a generation folder's prompt plus new tokens); default 128."
+        None, "--max-seq-len", min=2, help="executorch: upper bound of every dynamic axis (a generation folder's prompt plus new tokens); default 128."
     ),
     allow_random_weights: bool = typer.Option(
         False, "--allow-random-weights", help="Export even when the checkpoint lacks weights transformers then initialises at random (a head)."

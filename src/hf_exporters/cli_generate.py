@@ -5,11 +5,19 @@ Registered on the main app by ``hf_exporters.cli`` with :func:`register`.
 
 from __future__ import annotations
 
+import enum
 import time
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+class _Runtime(str, enum.Enum):
+    """Where ``generate`` runs the folder's parts (another value is a usage error, status 2)."""
+
+    python = "python"
+    cpp = "cpp"
+
 
 #: ``generate --compare-eager``: the exported ids differ from eager generate() (1 is an error, 2 a usage error)
 EXIT_IDS_DIFFER = 3
@@ -22,7 +30,9 @@ def generate(
     do_sample: bool = typer.Option(False, "--sample/--greedy", help="Sample with the generation config's warpers instead of greedy."),
     compare_eager: bool = typer.Option(False, "--compare-eager", help="Also run eager generate() on the source checkpoint and compare ids."),
     model: Optional[Path] = typer.Option(None, "--model", "-m", help="Checkpoint for --compare-eager (default: the one recorded in export.json)."),
-    runtime: str = typer.Option("python", "--runtime", help="python (the backend's Python runtime) | cpp (ExecuTorch folders: the C++ runner, make cpp)."),
+    runtime: _Runtime = typer.Option(
+        _Runtime.python, "--runtime", help="python (the backend's Python runtime) | cpp (ExecuTorch folders: the C++ runner, make cpp).",
+    ),
 ) -> None:
     """Generate text with the exported parts in the backend's runtime; print the text and tokens per second.
 
@@ -36,7 +46,7 @@ def generate(
 
     try:
         with interrupts.handled():
-            _generate(directory, prompt, max_new_tokens, do_sample, compare_eager, model, runtime)
+            _generate(directory, prompt, max_new_tokens, do_sample, compare_eager, model, runtime.value)
     except interrupts.Interrupted as stop:
         typer.echo(f"error: {stop}", err=True)
         raise typer.Exit(stop.exit_code) from None
@@ -55,6 +65,8 @@ def _generate(
 
     if not prompt.strip():
         raise InputError("the prompt is empty: give --prompt some text to continue")
+    if compare_eager and model is not None and not model.is_dir():  # refused before generating, not after
+        raise InputError(f"--compare-eager --model {model}: no such checkpoint folder")
     generator = ExportedGenerator.from_pretrained(directory, runtime=runtime)
     started = time.perf_counter()
     text, input_ids, ids = generator.generate_text(prompt, max_new_tokens=max_new_tokens, do_sample=do_sample)

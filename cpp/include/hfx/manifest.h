@@ -41,6 +41,7 @@ struct Manifest {
   std::string model_class;
   bool is_encoder_decoder = false;
   int64_t vocab_size = -1;  // generation folders: token ids are in [0, vocab_size) (-1: not recorded)
+  std::vector<int64_t> eos_token_ids;  // generation folders: generation_config.json's eos_token_id (one id or a list; none when absent)
   std::map<std::string, Part> parts;
 
   /// The part with `role`; throws hfx::Error when the folder has none.

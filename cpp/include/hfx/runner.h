@@ -70,10 +70,14 @@ class Generator {
   int64_t prefill_limit_ = -1;  // the longest prompt the prefill part takes (-1: the runtime does not say)
   int64_t decode_limit_ = -1;   // the most positions (prompt and new tokens) the decode part's mask takes
   int64_t vocab_size_ = -1;     // token ids are in [0, vocab_size_) (-1: the manifest does not say)
+  std::vector<int64_t> eos_token_ids_;  // the folder's end-of-sequence ids, used when no eos_token_id is given
+  /// Whether `token` ends the generation: it is `eos_token_id` when one is given (>= 0), else one of the folder's.
+  bool ends(int64_t token, int64_t eos_token_id) const;
 };
 
 /// Greedy generation from a decoder-only generation folder (prefill and decode parts over a dynamic
-/// cache, or one part holding its cache in the program): `prompt` token ids, up to `max_new_tokens` new ones (stops early at `eos_token_id` >= 0).
+/// cache, or one part holding its cache in the program): `prompt` token ids, up to `max_new_tokens` new ones (stops early at
+/// `eos_token_id` when it is >= 0, else at one of the folder's generation_config.json eos_token_id, as transformers' generate does).
 /// Throws hfx::Error for a folder of another kind (encoder-decoder, static cache), an empty prompt, or,
 /// before running anything, a prompt (or prompt and new tokens) longer than the parts were exported for,
 /// or a token id outside the vocabulary (a quantized embedding kernel would abort the process on it).

@@ -138,6 +138,12 @@ def check_pte_file(path: str | os.PathLike[str] | bytes) -> None:
 #: what the name of every constant method the exporter stores starts with (no method of a model's does)
 OWN_METHOD_PREFIX = "hf_exporters_"
 
+#: ExecuTorch's scalar type codes (``TensorInfo.dtype()``, PyTorch's ``c10::ScalarType`` numbering) -> torch dtypes
+_SCALAR_TYPES = {
+    0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16, 6: torch.float32,
+    7: torch.float64, 11: torch.bool, 15: torch.bfloat16,
+}
+
 #: the constant method the exporter stores (kept in sync with hf_exporters.exporters.executorch)
 INPUT_MUTATIONS_METHOD = "hf_exporters_input_mutation_outputs"
 
@@ -252,6 +258,16 @@ def check_index_bounds(flat: list[Any], bounds: dict[int, tuple[int, int]], name
                 f"input {label} holds the index {low if low < 0 else high}, outside the {size} {_BOUND_KINDS.get(kind, 'entries')} "
                 f"it indexes (valid: 0 to {size - 1})"
             )
+        if kind == 2 and value.numel() > 1:  # the operators write and attend one run from the first value, whatever the others hold
+            flat_values = value.reshape(-1).long()
+            steps = (flat_values[1:] - flat_values[:-1]).ne(1).nonzero()
+            if len(steps):
+                k = int(steps[0]) + 1
+                label = repr(names[position]) if names is not None and position < len(names) else str(position)
+                raise InputError(
+                    f"input {label} holds the positions {int(flat_values[k - 1])} then {int(flat_values[k])} (elements {k - 1} and {k}): "
+                    "the cache is written at one run of positions, each one past the one before"
+                )
 
 
 def _register_quantized_kernels() -> None:
@@ -325,11 +341,16 @@ class ExecutorchRunner:
         meta = self.method.metadata
         #: each input's largest sizes (the memory ExecuTorch planned), None for a non-tensor input
         self.input_max_sizes: list[tuple[int, ...] | None] = []
+        #: per input, the dtype the program takes (None for a scalar input or a dtype this table lacks)
+        self.input_dtypes: list[torch.dtype | None] = []
         for index in range(meta.num_inputs()):
             try:
-                self.input_max_sizes.append(tuple(meta.input_tensor_meta(index).sizes()))
+                info = meta.input_tensor_meta(index)
+                self.input_max_sizes.append(tuple(info.sizes()))
+                self.input_dtypes.append(_SCALAR_TYPES.get(int(info.dtype())))
             except Exception:  # noqa: BLE001 - a scalar input has no tensor metadata
                 self.input_max_sizes.append(None)
+                self.input_dtypes.append(None)
         # ExecuTorch returns the mutated user inputs (an updated StaticCache) before the model outputs;
         # the exporter records their number in a constant method.
         self._log: Any = None
@@ -357,6 +378,33 @@ class ExecutorchRunner:
             values = [int(v) for v in self.program.load_method(constant).execute([])]
             self.static_axes = [(values[i], values[i + 1], values[i + 2]) for i in range(0, len(values) - 2, 3)]
 
+    def _checked_inputs(self, inputs: dict[str, Any]) -> list[Any]:
+        """``inputs`` flattened as the method takes them, after refusing what ExecuTorch would refuse with a log line
+        alone (or silently drop): a value that is not a tensor or a Python number, the wrong number of inputs, a
+        tensor of another dtype than the program's.
+
+        Raises:
+            InputError: naming the input ("input 'input_ids' is torch.int32, where the program takes torch.int64").
+        """
+        from ..errors import InputError
+
+        for name, value in inputs.items():
+            leaves = pytree.tree_leaves(value)
+            odd = next((leaf for leaf in leaves if not isinstance(leaf, (torch.Tensor, bool, int, float))), None)
+            if odd is not None or (isinstance(value, (list, tuple)) and not any(isinstance(leaf, torch.Tensor) for leaf in leaves)):
+                what = type(odd if odd is not None else value)
+                raise InputError(f"input {name!r} is a {what.__module__}.{what.__qualname__}: the runner takes torch tensors")
+        flat = flat_inputs(inputs)
+        expected = len(self.input_dtypes)
+        if len(flat) != expected:
+            raise InputError(f"the method takes {expected} input{'' if expected == 1 else 's'}; {len(flat)} given ({', '.join(map(repr, inputs))})")
+        names = list(inputs) if len(inputs) == expected and all(isinstance(v, torch.Tensor) for v in inputs.values()) else None
+        for position, (value, dtype) in enumerate(zip(flat, self.input_dtypes)):
+            if isinstance(value, torch.Tensor) and dtype is not None and value.dtype != dtype:
+                label = repr(names[position]) if names is not None else str(position)
+                raise InputError(f"input {label} is {value.dtype}, where the program takes {dtype}")
+        return flat
+
     def for_method(self, method: str) -> "ExecutorchRunner":
         """A runner of another method of the same program, sharing the loaded program (its weights are
         loaded once).
@@ -370,7 +418,8 @@ class ExecutorchRunner:
         """Run the method on ``inputs``.
 
         Raises:
-            InputError: an input that indexes a tensor (an embedding table, a cache held in the program)
+            InputError: an input is not a tensor or a Python number, the number of inputs or an input's dtype is not
+                the program's, an input that indexes a tensor (an embedding table, a cache held in the program)
                 holds an index outside it (checked before ``execute``: ExecuTorch's quantized embedding
                 kernels abort the process on one), two input axes traced as one size differ, or an input's size on
                 an axis a dynamic program was traced at one size on differs from it.
@@ -378,7 +427,7 @@ class ExecutorchRunner:
                 runtime's own log lines that name the failing instruction and operator ("KernelCall
                 failed at instruction 0:74 in operator aten::_upsample_bilinear2d_aa.out: 0x12").
         """
-        flat = flat_inputs(inputs)
+        flat = self._checked_inputs(inputs)
         if self.index_bounds or self.equal_axes or self.static_axes:
             names = list(inputs) if all(isinstance(v, torch.Tensor) for v in inputs.values()) else None
             check_static_axes(flat, self.static_axes, names)
