@@ -64,18 +64,22 @@ std::vector<std::string> output_names(const json& list, const std::string& where
 
 namespace {
 
+/// The JSON document in the file `path`. Throws hfx::Error when it is not JSON.
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(path.string() + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+}
+
 /// The end-of-sequence ids of a generation folder's generation_config.json (an id or a list of ids); none when the
 /// file or the field is absent or null. Throws hfx::Error when the file is not JSON or the field holds something else.
 std::vector<int64_t> eos_token_ids(const fs::path& path) {
   std::vector<int64_t> ids;
   if (!fs::is_regular_file(path)) return ids;
-  std::ifstream in(path);
-  json config;
-  try {
-    config = json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(path.string() + ": not valid JSON (" + std::string(e.what()) + ")");
-  }
+  const json config = read_json(path);
   const json eos = config.is_object() && config.contains("eos_token_id") ? config["eos_token_id"] : json();
   for (const json& id : eos.is_array() ? eos : (eos.is_null() ? json::array() : json::array({eos}))) {
     if (!id.is_number_integer()) throw Error(path.string() + ": eos_token_id is not a token id or a list of them");
@@ -90,13 +94,7 @@ Manifest read_manifest(const fs::path& directory) {
   if (!fs::is_directory(directory)) throw Error(directory.string() + ": not a folder");
   const fs::path path = directory / "export.json";
   if (!fs::is_regular_file(path)) throw Error(path.string() + ": export.json is missing (not a folder written by hf-exporters)");
-  std::ifstream in(path);
-  json doc;
-  try {
-    doc = json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(path.string() + ": not valid JSON (" + std::string(e.what()) + ")");
-  }
+  const json doc = read_json(path);
   const std::string where = path.string();
   Manifest m;
   m.directory = fs::weakly_canonical(directory);

@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 
+
 class _Runtime(str, enum.Enum):
     """Where ``generate`` runs the folder's parts (another value is a usage error, status 2)."""
 

@@ -6,7 +6,7 @@ import contextlib
 import copy
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -134,20 +134,25 @@ def input_equal_axes(exported: torch.export.ExportedProgram) -> list[int]:
     reach kernels that assume they agree, and some abort the process (ExecuTorch's ``llama::custom_sdpa``
     over a cache held in the program: SIGABRT). The runners read these pairs from the program and refuse
     such inputs before ``execute``."""
-    nodes = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
     groups: dict[str, list[tuple[int, int]]] = {}
-    position = 0
-    for spec in exported.graph_signature.input_specs:
-        if spec.kind != torch.export.graph_signature.InputKind.USER_INPUT:
-            continue
+    for position, axis, size in _user_input_axes(exported):
+        if not isinstance(size, int):
+            groups.setdefault(str(size.node.expr), []).append((position, axis))
+    return [v for members in groups.values() for other in members[1:] for v in (*members[0], *other)]
+
+
+def _user_input_axes(exported: torch.export.ExportedProgram) -> Iterator[tuple[int, int, int | torch.SymInt]]:
+    """``(position, axis, size)`` for every axis of every user tensor input, ``position`` among all user inputs
+    (tensors or not); ``size`` an ``int`` where the trace kept it at one value, else its ``SymInt``."""
+    nodes = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
+    user = [spec for spec in exported.graph_signature.input_specs if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT]
+    for position, spec in enumerate(user):
         node = nodes.get(getattr(spec.arg, "name", ""))
         value = node.meta.get("val") if node is not None else None
         if isinstance(value, torch.Tensor):
             for axis, size in enumerate(value.shape):
-                if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
-                    groups.setdefault(str(size.node.expr), []).append((position, axis))
-        position += 1
-    return [v for members in groups.values() for other in members[1:] for v in (*members[0], *other)]
+                fixed = isinstance(size, int) or size.node.expr.is_number
+                yield position, axis, int(size) if fixed else size
 
 
 def input_static_axes(exported: torch.export.ExportedProgram) -> list[int]:
@@ -160,23 +165,10 @@ def input_static_axes(exported: torch.export.ExportedProgram) -> list[int]:
     abort the process (ExecuTorch's ``llama::update_cache`` on a cache held in the program: SIGABRT). The
     runners read these axes from the program and refuse such inputs before ``execute``. (A program with
     every axis static needs none: ExecuTorch refuses to resize its inputs.)"""
-    nodes = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
-    axes: list[int] = []
-    dynamic = False
-    position = 0
-    for spec in exported.graph_signature.input_specs:
-        if spec.kind != torch.export.graph_signature.InputKind.USER_INPUT:
-            continue
-        node = nodes.get(getattr(spec.arg, "name", ""))
-        value = node.meta.get("val") if node is not None else None
-        if isinstance(value, torch.Tensor):
-            for axis, size in enumerate(value.shape):
-                if isinstance(size, int) or (isinstance(size, torch.SymInt) and size.node.expr.is_number):
-                    axes.extend((position, axis, int(size)))
-                else:
-                    dynamic = True
-        position += 1
-    return axes if dynamic else []
+    every = list(_user_input_axes(exported))
+    if all(isinstance(size, int) for _, _, size in every):
+        return []
+    return [v for position, axis, size in every if isinstance(size, int) for v in (position, axis, size)]
 
 
 class ExecutorchExporter(DynamoExporter):

@@ -354,29 +354,25 @@ class ExecutorchRunner:
         # ExecuTorch returns the mutated user inputs (an updated StaticCache) before the model outputs;
         # the exporter records their number in a constant method.
         self._log: Any = None
-        self.skip_outputs = 0
-        constant = input_mutations_method(method)
-        if constant in self.program.method_names:
-            self.skip_outputs = int(self.program.load_method(constant).execute([])[0])
+        values = self._constant_ints(input_mutations_method(method))
+        self.skip_outputs = values[0] if values else 0
         #: input position -> (size, kind) of the tensor axis it indexes (an index past an embedding table aborts
         #: a quantized kernel; past a cache held in the program, ``index_put`` writes out of bounds)
-        self.index_bounds: dict[int, tuple[int, int]] = {}
-        constant = index_bounds_method(method)
-        if constant in self.program.method_names:
-            values = [int(v) for v in self.program.load_method(constant).execute([])]
-            self.index_bounds = {values[i]: (values[i + 1], values[i + 2]) for i in range(0, len(values) - 2, 3)}
+        values = self._constant_ints(index_bounds_method(method))
+        self.index_bounds: dict[int, tuple[int, int]] = {values[i]: (values[i + 1], values[i + 2]) for i in range(0, len(values) - 2, 3)}
         #: (position_a, axis_a, position_b, axis_b) of input axes the trace tied to one size
-        self.equal_axes: list[tuple[int, int, int, int]] = []
-        constant = equal_axes_method(method)
-        if constant in self.program.method_names:
-            values = [int(v) for v in self.program.load_method(constant).execute([])]
-            self.equal_axes = [(values[i], values[i + 1], values[i + 2], values[i + 3]) for i in range(0, len(values) - 3, 4)]
+        values = self._constant_ints(equal_axes_method(method))
+        self.equal_axes: list[tuple[int, int, int, int]] = [tuple(values[i : i + 4]) for i in range(0, len(values) - 3, 4)]  # type: ignore[misc]
         #: (position, axis, size) of the input axes a dynamic program was traced at one size on
-        self.static_axes: list[tuple[int, int, int]] = []
-        constant = static_axes_method(method)
-        if constant in self.program.method_names:
-            values = [int(v) for v in self.program.load_method(constant).execute([])]
-            self.static_axes = [(values[i], values[i + 1], values[i + 2]) for i in range(0, len(values) - 2, 3)]
+        values = self._constant_ints(static_axes_method(method))
+        self.static_axes: list[tuple[int, int, int]] = [tuple(values[i : i + 3]) for i in range(0, len(values) - 2, 3)]  # type: ignore[misc]
+
+    def _constant_ints(self, name: str) -> list[int]:
+        """What the constant method ``name`` returns, as integers; ``[]`` when the program has no such method (one
+        exported before the method existed, or with nothing to record)."""
+        if name not in self.program.method_names:
+            return []
+        return [int(v) for v in self.program.load_method(name).execute([])]
 
     def _checked_inputs(self, inputs: dict[str, Any]) -> list[Any]:
         """``inputs`` flattened as the method takes them, after refusing what ExecuTorch would refuse with a log line
