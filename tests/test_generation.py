@@ -371,6 +371,11 @@ def test_sampling_runs_with_logits_processors(tmp_path):
     with torch.no_grad():
         eager = model.generate(**inputs, generation_config=config)
     assert stopped.tolist() == eager.tolist()
+    # a generation setting given as a keyword overrides the config, as transformers' generate(**kwargs) does
+    longer = generator.generate(**inputs, generation_config=config, min_new_tokens=3)
+    with torch.no_grad():
+        eager = model.generate(**inputs, generation_config=config, min_new_tokens=3)
+    assert longer.tolist() == eager.tolist() and longer.shape[1] >= inputs["input_ids"].shape[1] + 3
     # a length-aware processor (forced EOS at the last position) sees generate()'s max_length
     forced = tf.GenerationConfig(forced_eos_token_id=7, max_new_tokens=NEW_TOKENS, pad_token_id=0)
     got = generator.generate(**inputs, generation_config=forced)

@@ -9,6 +9,7 @@ step's cache tensors to the next, and picks tokens with transformers' logits pro
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,16 @@ from .manifest import read_manifest
 
 #: names of generation-config keys the CLI and :meth:`ExportedGenerator.generate` accept as overrides
 _SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "num_beams")
+
+
+@functools.cache
+def _generation_settings() -> frozenset[str]:
+    """The fields of transformers' ``GenerationConfig`` (``min_new_tokens``, ``eos_token_id``, ...): keyword
+    arguments of :meth:`ExportedGenerator.generate` so named override the folder's generation config, as
+    transformers' ``generate(**kwargs)`` does; the others are model inputs."""
+    import transformers
+
+    return frozenset(name for name in vars(transformers.GenerationConfig()) if not name.startswith("_"))
 
 
 def load_part_runners(root: Path, manifest: dict[str, Any], exporter: Any, runtime: str = "python") -> dict[str, Any]:
@@ -270,8 +281,8 @@ class ExportedGenerator:
             attention_mask: ``(B, T)``; all ones when None.
             max_new_tokens: overrides the generation config's.
             generation_config: a ``GenerationConfig`` replacing the folder's.
-            **kwargs: ``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty`` overrides,
-                and other encoder inputs (``input_features (B, F, N)`` for speech models, ``pixel_values
+            **kwargs: overrides of the generation config's fields (``do_sample``, ``temperature``, ``top_k``,
+                ``top_p``, ``repetition_penalty``, ``min_new_tokens``, ``eos_token_id``, ...), and other encoder inputs (``input_features (B, F, N)`` for speech models, ``pixel_values
                 (B, C, H, W)`` for a vision-language model, whose ``input_ids`` then hold its image tokens).
 
         Returns:
@@ -283,7 +294,7 @@ class ExportedGenerator:
             InputError: no input given, an encoder input missing or an unknown one given, beam search
                 asked for, or a static cache too short for the request.
         """
-        overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_KEYS}
+        overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_KEYS or k in _generation_settings()}
         config = self._prepare_config(max_new_tokens, generation_config, overrides)
         return self._loop(input_ids, attention_mask, config, kwargs)
 
