@@ -52,7 +52,8 @@ class OnnxConfig(DynamoConfig):
         output_path: when set, the ONNX model is saved there after export.
         quantize: ``"int8-dynamic"`` or ``"int8-static"`` (onnxruntime's quantizer, after the
             fusions; ``hf_exporters.exporters.onnx_quantize``), None for float.
-        calibration_inputs: the input sets ``int8-static`` calibrates on; None: the export's example inputs.
+        calibration_inputs: the input sets ``int8-static`` calibrates on and ``int8-dynamic`` finds the
+            activations with outliers on (their ``MatMul`` stays float); None: the export's example inputs.
     """
 
     opset_version: int | None = None

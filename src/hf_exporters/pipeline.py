@@ -454,7 +454,7 @@ def export_to_folder(
         sentences = _sentence_batches(model, preprocessor, inputs, dynamic, quantize_embeddings, validate, "--qembedding")
     if quantize is not None:
         sentences = _sentence_batches(model, preprocessor, inputs, dynamic, quantize, validate)
-        if quantize == "int8-static":
+        if sentences is not None and hasattr(config, "calibration_inputs"):  # onnx: int8-static calibrates on them, int8-dynamic finds its outliers
             config.calibration_inputs = sentences
 
     manifest: dict[str, Any] = {}

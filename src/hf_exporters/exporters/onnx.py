@@ -22,7 +22,7 @@ from ..shapes import output_names
 from ._common import blamed_line, existing_objects_frozen, first_line, normalize_inputs, stage
 from .dynamo import DynamoExporter
 from .onnx_optimize import default_opset, fuse_for_onnxruntime, newest_opset, optimize_level
-from .onnx_quantize import check_quantize, quantize_model
+from .onnx_quantize import check_quantize, outlier_matmuls, quantize_model
 from .result import ExportResult, trace_stage_seconds
 
 logger = logging.getLogger("hf_exporters")
@@ -102,6 +102,7 @@ class OnnxExporter(DynamoExporter):
         self.optimize_level: str = "default"
         self.opset: int | None = None
         self.fusions: dict[str, int] = {}
+        self.float_matmuls: list[str] = []
         self.ir_fixes_applied: int = 0
 
     # ── Export ────────────────────────────────────────────────────────────────
@@ -149,6 +150,7 @@ class OnnxExporter(DynamoExporter):
         opset = config.opset_version if config.opset_version is not None else default_opset(level, newest_opset())
         self.opset = opset
         self.fusions = {}
+        self.float_matmuls = []
         fx_fixes = [0]  # nodes the FX node fixes consumed, in Stage 3 and after the decomposition
 
         with registry.export_lock(), existing_objects_frozen(), registry.recording_fired() as fired:
@@ -212,7 +214,10 @@ class OnnxExporter(DynamoExporter):
         # ── Stage 7: Quantization ──
         with stage(self.name, "Stage 7: Quantization", seconds):
             if config.quantize:
-                program.model = quantize_model(program.model, config.quantize, config.calibration_inputs or [inputs])
+                calibration = config.calibration_inputs or [inputs]
+                if config.quantize == "int8-dynamic":
+                    self.float_matmuls = outlier_matmuls(program.model, calibration)
+                program.model = quantize_model(program.model, config.quantize, calibration, keep_float=self.float_matmuls)
 
         if config.output_path:
             with stage(self.name, "save", seconds):
@@ -229,9 +234,12 @@ class OnnxExporter(DynamoExporter):
 
     def manifest_entries(self) -> dict[str, Any]:
         """What ``export.json`` records of the last export under ``"onnx"``: opset, optimisation level,
-        the onnxruntime fusions applied and the number of nodes the IR fixes changed."""
+        the onnxruntime fusions applied, the number of nodes the IR fixes changed and, for
+        ``int8-dynamic``, the ``MatMul``/``Gemm`` nodes left float for their activation's outliers."""
         quantize = self.config.quantize if self.config is not None else None
         entry = {"opset": self.opset, "optimize": self.optimize_level, "fusions": dict(self.fusions), "ir_fixes_applied": self.ir_fixes_applied}
+        if quantize == "int8-dynamic":
+            entry["float_matmuls"] = list(self.float_matmuls)
         return {"onnx": entry | {"quantize": quantize}}
 
     # ── Save and run ──────────────────────────────────────────────────────────
