@@ -439,14 +439,16 @@ def test_manifest_path_leaving_folder(llama_folder, tmp_path):
 
 
 def _assert_truncated_weights_are_named(folder, manifest, inputs):
-    """A truncated ``.onnx.data``: one error naming the part and the file, from the load or the first run."""
+    """A truncated ``.onnx.data``: one error naming the part that loads it first and the file, from the load or
+    the first run. The parts share one weights file, so the first part to load it (prefill) is the one named."""
     from hf_exporters.errors import ArtifactRunError
 
     data = [f for f in manifest["parts"]["decode"]["files"] if f.endswith(".data")]
-    assert data, manifest["parts"]["decode"]["files"]
+    assert data == ["model.onnx.data"], manifest["parts"]["decode"]["files"]
+    assert data[0] in manifest["parts"]["prefill"]["files"], manifest["parts"]["prefill"]["files"]
     path = folder / data[0]
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises((ManifestError, ArtifactRunError), match=r"part 'decode'"):
+    with pytest.raises((ManifestError, ArtifactRunError), match=r"part 'prefill'.*model\.onnx\.data"):
         ExportedGenerator.from_pretrained(folder).generate(**inputs, max_new_tokens=3)
 
 
@@ -673,6 +675,9 @@ def test_a_failed_genai_renaming_leaves_the_folder_as_exported(tmp_path, monkeyp
     }
     assert not (folder / "genai_config.json").exists() and not (folder / ".genai-layout").exists()
     assert manifest["parts"]["decode"]["inputs"][2]["name"] == "past_key_values_0"
-    for part in manifest["parts"].values():
-        assert sorted(p.name for p in (folder / part["file"]).parent.iterdir()) == ["model.onnx", "model.onnx.data"]
+    # the weights are still stored once at the root, under the exported (not renamed) graphs
+    for name, part in manifest["parts"].items():
+        assert part["files"] == [f"{name}.onnx", "model.onnx.data"]
+    assert sorted(p.name for p in folder.iterdir() if p.suffix in (".onnx", ".data")) == ["decode.onnx", "model.onnx.data", "prefill.onnx"]
+    assert not [p for p in folder.iterdir() if p.is_dir()]
     _assert_same_ids(model, ExportedGenerator.from_pretrained(folder), input_sets[:1])

@@ -229,7 +229,7 @@ def test_tiny_llama_generation_folder_fused_for_onnxruntime(tmp_path: Path) -> N
     assert all(part["parity"]["ok"] and part["parity"]["max_abs_diff"] < 1e-5 for part in manifest["parts"].values())
     fused = {}
     for name in ("prefill", "decode"):
-        proto = onnx.load(str(tmp_path / "out" / name / "model.onnx"), load_external_data=False)
+        proto = onnx.load(str(tmp_path / "out" / manifest["parts"][name]["file"]), load_external_data=False)
         assert {o.domain: o.version for o in proto.opset_import}[""] == 22
         fused[name] = Counter(n.op_type for n in proto.graph.node if n.domain == "com.microsoft")
     assert fused["prefill"] == {"SkipSimplifiedLayerNormalization": 4, "MultiHeadAttention": 2}

@@ -18,6 +18,8 @@ The modules, in the order of the flow (each imports only the ones above it):
 - ``generator``: :class:`ExportedGenerator`, the generation loop over a folder's parts.
 - ``accuracy``: :func:`check_generation_accuracy`, a quantized folder's next-token agreement and KL
   divergence against float32 eager over the shipped prompts (teacher-forced through the generator).
+- ``onnx_weights``: ``share_weights``, an ONNX folder's part graphs at its root with one copy of the
+  weights they share (``<part>.onnx`` and ``model.onnx.data``).
 - ``folder``: :func:`export_for_generation`, :class:`GenerationArtifacts` (writes the folder, checks it),
   :func:`export_generation_folder`.
 

@@ -175,6 +175,8 @@ class GenerationArtifacts(dict):
                         )
                 parts_manifest[name] = entry
             genai = self._genai_layout(staging, parts_manifest, validate)
+            if self.exporter.name == "onnx" and not self.methods:
+                self._share_onnx_weights(staging, parts_manifest, genai, validate)
             accuracy = None
             if prompts is not None:
                 described = {"backend": self.exporter.name, "is_encoder_decoder": bool(getattr(self.model.config, "is_encoder_decoder", False)),
@@ -212,6 +214,34 @@ class GenerationArtifacts(dict):
                 }
             )
         return manifest
+
+    def _share_onnx_weights(self, staging: Path, parts_manifest: dict[str, Any], genai: dict[str, Any], validate: bool) -> None:
+        """Move the ONNX parts' graphs to the folder's root with one copy of their weights
+        (:func:`~hf_exporters.generation.onnx_weights.share_weights`) and update the manifest's ``file`` and
+        ``files`` and the genai config's file names. With ``validate``, each moved graph must return
+        exactly what its original returns on the part's example inputs.
+
+        Raises:
+            ValueError: a moved graph returns other values (the folder is then left as it was).
+        """
+        from .genai import rename_genai_files
+        from .onnx_weights import share_weights
+
+        def check(name: str, old: Path, new: Path) -> None:
+            if not validate:
+                return
+            inputs = self.parts[name].inputs
+            before = self.exporter.load_runner(old)(_copy_inputs(inputs))
+            after = self.exporter.load_runner(new)(_copy_inputs(inputs))
+            if len(after) != len(before) or not all(np.array_equal(a, b) for a, b in zip(after, before)):
+                raise ValueError(f"part {name!r}: the graph with shared weights returns other values than the exported graph")
+
+        old = {name: entry["file"] for name, entry in parts_manifest.items()}
+        files = share_weights(staging, old, check)
+        for name, entry in parts_manifest.items():
+            entry["file"], entry["files"] = files[name][0], files[name]
+        if genai.get("layout"):
+            rename_genai_files(staging, {old[name]: files[name][0] for name in old})
 
     def _genai_layout(self, staging: Path, parts_manifest: dict[str, Any], validate: bool) -> dict[str, Any]:
         """ONNX decoder-only folders: rename the parts' graph inputs and outputs as onnxruntime-genai reads

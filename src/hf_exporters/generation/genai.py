@@ -224,6 +224,17 @@ def genai_config(config: Any, generation_config: Any, parts: dict[str, dict[str,
     }
 
 
+def rename_genai_files(directory: Path, renamed: dict[str, str]) -> None:
+    """Point the ``filename`` of every pipeline graph in ``directory``'s genai config at its new name
+    (``renamed``: old file -> new file, relative to ``directory``)."""
+    path = directory / GENAI_CONFIG
+    config = json.loads(path.read_text())
+    for step in config["model"]["decoder"]["pipeline"]:
+        for graph in step.values():
+            graph["filename"] = renamed.get(graph["filename"], graph["filename"])
+    path.write_text(json.dumps(config, indent=2) + "\n")
+
+
 def write_genai_config(
     directory: Path, config: Any, generation_config: Any, parts: dict[str, dict[str, Any]], dims: dict[str, int | None] | None = None
 ) -> str:

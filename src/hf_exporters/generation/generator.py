@@ -71,15 +71,21 @@ def load_part_runners(root: Path, manifest: dict[str, Any], exporter: Any, runti
             if "has no method" not in str(error):
                 raise ManifestError(
                     f"{root / part['file']}: part {name!r} cannot be loaded by the {manifest.get('backend')} runtime "
-                    f"(corrupt or truncated file?): {first_line(error)}"
+                    f"(corrupt or truncated file?{_also_read(part)}): {first_line(error)}"
                 ) from error
             raise ManifestError(f"{root / part['file']}: part {name!r}: {str(error).splitlines()[0]}") from error
         except Exception as error:  # noqa: BLE001 - the runtime refused the file
             raise ManifestError(
                 f"{root / part['file']}: part {name!r} cannot be loaded by the {manifest.get('backend')} runtime "
-                f"(corrupt or truncated file?): {first_line(error)}"
+                f"(corrupt or truncated file?{_also_read(part)}): {first_line(error)}"
             ) from error
     return runners
+
+
+def _also_read(part: dict[str, Any]) -> str:
+    """``"; it also reads model.onnx.data"``: the part's other files (external weights), for a load error."""
+    others = [f for f in part.get("files") or () if f != part["file"]]
+    return f"; it also reads {', '.join(others)}" if others else ""
 
 
 def _check_token_ids(name: str, ids: Any, vocab_size: int | None) -> None:
