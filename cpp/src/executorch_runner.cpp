@@ -144,38 +144,28 @@ std::string error_text(et::Error error) {
   return "ExecuTorch error " + std::to_string(static_cast<int>(error)) + ": " + name;
 }
 
+//: the name of the constant method `prefix` records for `method`: `prefix` itself for `forward`, "<prefix>.<method>"
+//: for another method of a multi-method program
+std::string constant_method(const char* prefix, const std::string& method) {
+  return method == "forward" ? std::string(prefix) : std::string(prefix) + "." + method;
+}
+
 //: the constant method in which hf_exporters records how many mutated-input outputs precede the model's
 //: (for `forward`; another method `m` of a multi-method program has its own, "<this>.m")
 constexpr const char* kInputMutationsMethod = "hf_exporters_input_mutation_outputs";
-
-std::string input_mutations_method(const std::string& method) {
-  return method == "forward" ? std::string(kInputMutationsMethod) : std::string(kInputMutationsMethod) + "." + method;
-}
 
 //: the constant method holding [position, size, kind, ...] for the inputs that index a tensor
 //: (hf_exporters.exporters.executorch.input_index_bounds; "<this>.m" for another method m); kind 0: the rows
 //: of an embedding table, 1: the positions of an axis (a cache held in the program, written at the index)
 constexpr const char* kIndexBoundsMethod = "hf_exporters_input_index_bounds";
 
-std::string index_bounds_method(const std::string& method) {
-  return method == "forward" ? std::string(kIndexBoundsMethod) : std::string(kIndexBoundsMethod) + "." + method;
-}
-
 //: the constant method holding [position_a, axis_a, position_b, axis_b, ...] for the input axes the trace tied to
 //: one size (hf_exporters.exporters.executorch.input_equal_axes; "<this>.m" for another method m)
 constexpr const char* kEqualAxesMethod = "hf_exporters_input_equal_axes";
 
-std::string equal_axes_method(const std::string& method) {
-  return method == "forward" ? std::string(kEqualAxesMethod) : std::string(kEqualAxesMethod) + "." + method;
-}
-
 //: the constant method holding [position, axis, size, ...] for the input axes a dynamic program was traced at one
 //: size on (hf_exporters.exporters.executorch.input_static_axes; "<this>.m" for another method m)
 constexpr const char* kStaticAxesMethod = "hf_exporters_input_static_axes";
-
-std::string static_axes_method(const std::string& method) {
-  return method == "forward" ? std::string(kStaticAxesMethod) : std::string(kStaticAxesMethod) + "." + method;
-}
 
 class ExecutorchPart final : public PartRunner {
  public:
@@ -196,21 +186,21 @@ class ExecutorchPart final : public PartRunner {
       if (!info.ok()) throw Error(path_ + ": input " + std::to_string(i) + " has no tensor metadata (" + error_text(info.error()) + ")");
       bounds_.emplace_back(info->sizes().begin(), info->sizes().end());
     }
-    const std::string constant_name = input_mutations_method(method_name_);
+    const std::string constant_name = constant_method(kInputMutationsMethod, method_name_);
     if (has_method(constant_name)) {
       std::vector<std::vector<uint8_t>> scratch;
       auto constant = load(constant_name.c_str(), scratch);
       if (constant->execute() == et::Error::Ok && constant->outputs_size() > 0 && constant->get_output(0).isInt())
         skip_outputs_ = static_cast<size_t>(constant->get_output(0).toInt());
     }
-    const std::string bounds_name = index_bounds_method(method_name_);
+    const std::string bounds_name = constant_method(kIndexBoundsMethod, method_name_);
     for (const auto& v : constant_ints(bounds_name, 3, "(position, size, kind) triples")) {
       if (v[1] < 1) throw Error(path_ + ": the constant method '" + bounds_name + "' does not hold (position, size, kind) triples");
       index_rows_[static_cast<size_t>(v[0])] = {v[1], v[2]};
     }
-    for (const auto& v : constant_ints(equal_axes_method(method_name_), 4, "(position, axis, position, axis) quadruples"))
+    for (const auto& v : constant_ints(constant_method(kEqualAxesMethod, method_name_), 4, "(position, axis, position, axis) quadruples"))
       equal_axes_.push_back({v[0], v[1], v[2], v[3]});
-    for (const auto& v : constant_ints(static_axes_method(method_name_), 3, "(position, axis, size) triples"))
+    for (const auto& v : constant_ints(constant_method(kStaticAxesMethod, method_name_), 3, "(position, axis, size) triples"))
       static_axes_.push_back({v[0], v[1], v[2]});
   }
 
