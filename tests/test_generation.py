@@ -311,6 +311,9 @@ def test_greedy_ids_equal_eager(name, backend, tmp_path):
         _assert_cache_stays_bound(generator, input_sets[0])
         _assert_onnxruntime_genai_runs_the_folder(model, folder, manifest, input_sets[0])
         _assert_truncated_weights_are_named(folder, manifest, input_sets[0])
+    if name == "t5":  # no attention_mask: all ones, as generate() documents
+        ids = input_sets[0]["input_ids"][:1]
+        assert torch.equal(generator.generate(ids, max_new_tokens=4), generator.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4))
     if name == "llava":  # the folder's image encoder needs its image
         assert manifest["parts"]["image_encoder"]["extra"] == {"modality": "image", "input": "pixel_values", "per_item": True}
         text_only = {k: v for k, v in input_sets[0].items() if k != "pixel_values"}

@@ -354,6 +354,8 @@ class ExportedGenerator:
             raise InputError(f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, got {tuple(attention_mask.shape)}")
         shim = _ProcessorShim(self.config)
         if self.is_encoder_decoder:
+            if attention_mask is None and input_ids is not None:  # as documented: all ones
+                attention_mask = torch.ones_like(input_ids)
             encoder_inputs = {k: v for k, v in {"input_ids": input_ids, "attention_mask": attention_mask, **kwargs}.items() if v is not None}
             if not encoder_inputs:
                 raise InputError("generate() needs the encoder inputs (input_ids or input_features)")
@@ -530,7 +532,7 @@ class ExportedGenerator:
         """
         tokenizer = getattr(self.preprocessor, "tokenizer", self.preprocessor)
         if tokenizer is None:
-            raise InputError(f"{self.directory} has no tokenizer files; pass token ids to generate() instead")
+            raise InputError(f"{self.directory} has no tokenizer files: give token ids to ExportedGenerator.generate() in Python instead")
         encoded = tokenizer([prompt], return_tensors="pt")
         ids = self.generate(encoded["input_ids"], attention_mask=encoded.get("attention_mask"), max_new_tokens=max_new_tokens, **kwargs)
         new = ids if self.is_encoder_decoder else ids[:, encoded["input_ids"].shape[1] :]
