@@ -1453,3 +1453,18 @@ def test_vision_position_ids_and_videollama3_downsampling_for_any_image_count(tm
     three = {"pixel_values": torch.randn(4 + 8 + 4, width), "grid_thw": torch.tensor([[1, 2, 2], [2, 2, 2], [1, 2, 2]]), "merge_sizes": torch.tensor([1, 1, 1])}
     reports = check_parity(model, exporter.load_runner(exporter.save(program, tmp_path)), [inputs, three], atol=1e-4)
     assert [r.ok for r in reports] == [True, True]
+
+
+def test_export_traces_in_eval_mode_and_gives_the_training_flags_back():
+    """The trace runs in eval mode (dropout off); afterwards every submodule's ``training`` flag is the caller's,
+    mixed ones included."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5), torch.nn.Sequential(torch.nn.Dropout(0.5)))
+    model.train()
+    model[2].eval()
+    x = torch.randn(3, 4)
+    ep = DynamoExporter().export(model, {"input": x})
+    assert [m.training for m in model.modules()] == [True, True, True, False, False]
+    with torch.no_grad():
+        expected = model[0](x)  # dropout off
+    assert torch.equal(ep.module()(input=x), expected)

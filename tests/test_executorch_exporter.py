@@ -607,6 +607,39 @@ def test_fix_max_dim_for_xnnpack(tmp_path):
     assert report.ok and report.max_abs_diff < 1e-6
 
 
+class _FirstCacheUpdate(torch.nn.Module):
+    """A cache layer's first update: keys as a transposed view of the projection, concatenated onto the
+    layer's empty starting tensor, then reshaped to (batch * heads, sequence, head_dim) as Bloom does."""
+
+    def forward(self, projected: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = projected.shape
+        keys = projected.view(batch, length, 4, 16).transpose(1, 2)
+        keys = torch.cat([torch.tensor([], dtype=projected.dtype), keys], dim=-2)
+        return keys.reshape(batch * 4, -1, 16) * 2
+
+
+def test_fix_cat_onto_empty_tensor_as_contiguous_copy(tmp_path):
+    model, inputs = _FirstCacheUpdate(), {"projected": _x(2, 8, 64)}
+    report = _refused_without_then_parity(
+        model, inputs, "_fix_cat_onto_empty_tensor_as_contiguous_copy",
+        re.escape("Cannot view a tensor with shape torch.Size([2, 4, 8, 16]) and strides (512, 16, 64, 1) as a tensor with shape (8, 8, 16)"),
+        tmp_path, atol=0,
+    )
+    assert report.ok and report.max_abs_diff == 0 and [leaf.shape for leaf in report.leaves] == [(8, 8, 16)]
+
+
+def test_bloom_with_its_cache_lowers_and_matches_eager(tmp_path):
+    """BloomModel with the config's ``use_cache``: its first cache update is the pattern above."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BloomModel(transformers.BloomConfig(vocab_size=128, hidden_size=64, n_layer=2, n_head=4)).eval()
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    report = _pte_parity(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, tmp_path, atol=1e-4)
+    assert report.ok and report.max_abs_diff < 1e-4
+    assert len(report.leaves) == 5  # last_hidden_state and each layer's key and value
+
+
 def _tiny_gpt2():
     import transformers
 
@@ -1174,3 +1207,20 @@ def test_the_runner_refuses_another_size_on_an_axis_a_dynamic_program_keeps_stat
         with pytest.raises(InputError) as caught:
             runner(bad)
         assert str(caught.value) == message
+
+
+def test_export_leaves_the_callers_model_in_its_dtype_and_mode(tmp_path):
+    """XNNPACK computes in float32: Stage 1 casts a copy of a bfloat16 model; the caller's parameters keep their
+    dtype and values, and its training flags come back."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).to(torch.bfloat16).train()
+    weight = model[0].weight.detach().clone()
+    x = torch.randn(3, 4, dtype=torch.bfloat16)
+    exporter = ExecutorchExporter()
+    runner = exporter.load_runner(exporter.save(exporter.export(model, {"input": x}), tmp_path))
+    assert model[0].weight.dtype == torch.bfloat16 and torch.equal(model[0].weight, weight)
+    assert model.training and model[1].training
+    with torch.no_grad():
+        expected = model.float().eval()[0](x.float())
+    (actual,) = runner({"input": x.float()})
+    torch.testing.assert_close(torch.as_tensor(actual), expected, atol=1e-5, rtol=0)

@@ -137,3 +137,14 @@ def test_bfloat16_on_xnnpack_is_refused(tmp_path):
     assert str(caught.value) == (
         "--dtype bfloat16: XNNPACK has no bfloat16 kernels; export float16 or float32 with xnnpack, or bfloat16 with --recipe portable"
     )
+
+
+def test_a_bfloat16_model_exported_with_xnnpack_is_checked_as_float32(tmp_path):
+    """XNNPACK computes in float32: without --dtype the folder export casts the model to float32 (documented),
+    so the parity reference computes as the artifact does."""
+    model, inputs = _tiny_bert()
+    model.to(torch.bfloat16)
+    manifest = export_to_folder(model, inputs, "executorch", tmp_path / "out")
+    assert model.embeddings.word_embeddings.weight.dtype == torch.float32
+    assert manifest["outputs"][0]["dtype"] == "float32"
+    assert manifest["parity"][0]["ok"] and manifest["parity"][0]["max_abs_diff"] < 1e-4

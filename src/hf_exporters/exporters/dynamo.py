@@ -16,6 +16,7 @@ from ..config import DynamoConfig
 from ..errors import ExportStageError
 from ..folders import AOTI_SUFFIX
 from ..pytree import materialize_caches, register_model_pytrees
+from ..runtime.compare import evaluation_mode
 from ..runtime.torch_runner import ExportedProgramRunner
 from ..shapes import auto_dynamic_shapes, axis_report, recorded_guards
 from ._common import (
@@ -187,9 +188,9 @@ class DynamoExporter:
         """
         config = config or DynamoConfig()
         inputs = normalize_inputs(inputs)
-        model.eval()
         seconds: dict[str, float] = {}
         with registry.export_lock(), existing_objects_frozen(), registry.recording_fired() as fired, torch.no_grad(), contextlib.ExitStack() as stack:
+            stack.enter_context(evaluation_mode(model))  # traced in eval mode; the caller's modes come back after
             # ── Stage 1: Forward signature patch ──
             with stage(self.name, "Stage 1: Forward signature patch", seconds):
                 stack.enter_context(flat_forward_signature(model, list(inputs)))

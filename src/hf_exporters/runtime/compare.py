@@ -8,9 +8,10 @@ failure whatever the tolerance.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import sympy
@@ -67,9 +68,23 @@ class ParityReport:
         return f"outputs differ from eager beyond atol={self.atol:g} for inputs {self.input_shapes}: " + "; ".join(parts)
 
 
+@contextlib.contextmanager
+def evaluation_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode (dropout off, batch norm on its running statistics) for a trace or an eager
+    reference; afterwards every submodule's ``training`` flag is what it was, so exporting or checking a
+    model does not change it."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
 def eager_outputs(model: torch.nn.Module, inputs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` of every tensor leaf of ``model(**inputs)`` (run on a copy of the inputs)."""
-    with torch.no_grad():
+    """``(name, tensor)`` of every tensor leaf of ``model(**inputs)`` in eval mode (run on a copy of the inputs)."""
+    with torch.no_grad(), evaluation_mode(model):  # the mode every export traces in
         out = model(**clone_tree(inputs))
     return tensor_leaves(out)
 

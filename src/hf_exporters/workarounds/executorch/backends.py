@@ -7,6 +7,7 @@ on the backend's device and dtype and returns the partitioners handed to
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -18,8 +19,15 @@ from ...registry import register_executorch_backend
 
 
 def _moved(model: torch.nn.Module, inputs: dict[str, Any], device: str, dtype: torch.dtype) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """``model`` and ``inputs`` on ``device``, floating point tensors (cache tensors included) in ``dtype``."""
+    """``model`` and ``inputs`` on ``device``, floating point tensors (cache tensors included) in ``dtype``.
+
+    A model with a parameter or buffer elsewhere or in another floating dtype is copied first: the caller's
+    model keeps its dtype and device (``Module.to`` casts in place)."""
     register_model_pytrees(model, inputs)  # caches must be pytree nodes to be mapped through
+    target = torch.device(device)
+    tensors = [*model.parameters(), *model.buffers()]
+    if any(t.device.type != target.type or (t.is_floating_point() and t.dtype != dtype) for t in tensors):
+        model = copy.deepcopy(model)
     model = model.to(device=device, dtype=dtype)
 
     def move(value: Any) -> Any:
@@ -58,7 +66,9 @@ def prepare_for_portable(model: torch.nn.Module, inputs: dict[str, Any]) -> tupl
     Upstream: not a workaround (backend selection); https://docs.pytorch.org/executorch/stable/kernel-library-overview.html
     Remove when: never (the backend's entry point)
     """
-    return model.to("cpu"), inputs, []
+    if any(t.device.type != "cpu" for t in [*model.parameters(), *model.buffers()]):
+        model = copy.deepcopy(model).to("cpu")  # the caller's model stays on its device
+    return model, inputs, []
 
 
 @register_executorch_backend("cuda")
