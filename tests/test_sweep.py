@@ -366,6 +366,86 @@ def test_classes_come_from_the_auto_mappings() -> None:
     assert sorted(sum(shards, [])) == sorted(base)
 
 
+def test_classes_are_model_classes_not_configurations() -> None:
+    """modeling_auto also holds CONFIG_MAPPING_NAMES (model type -> configuration class): none of those is a model class."""
+    every = classes.all_classes()
+    assert not [c for c in every if c.endswith("Config")]
+    assert every["BertForMultipleChoice"] == "bert" and "BertConfig" not in every
+
+
+def test_the_non_base_sample_is_seeded_and_holds_no_base_class() -> None:
+    sample = classes.nonbase_sample()
+    base = classes.base_classes()
+    assert len(sample) == classes.SAMPLE_SIZE == 400
+    assert sample == classes.nonbase_sample() and sample != classes.nonbase_sample(seed=classes.SAMPLE_SEED + 1)
+    assert not set(sample) & set(base) and set(sample) <= set(classes.all_classes())
+
+
+def _tiny_bert_config(**fields: object) -> transformers.BertConfig:
+    return transformers.BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, **fields)
+
+
+def test_inputs_for_a_multiple_choice_head_have_a_choice_axis() -> None:
+    from hf_exporters.sweep.inputs import BATCH, CHOICES, SEQ, build_inputs
+
+    torch.manual_seed(0)
+    model = transformers.BertForMultipleChoice(_tiny_bert_config()).eval()
+    inputs = build_inputs(model)
+    assert {k: tuple(v.shape) for k, v in inputs.items()} == dict.fromkeys(("input_ids", "attention_mask", "token_type_ids"), (BATCH, CHOICES, SEQ))
+    assert not torch.equal(inputs["input_ids"][:, 0], inputs["input_ids"][:, 1])  # each choice its own text
+    with torch.no_grad():
+        assert model(**inputs).logits.shape == (BATCH, CHOICES)
+
+
+def test_inputs_for_an_encoder_decoder_classifier_end_each_row_with_eos() -> None:
+    from hf_exporters.sweep.inputs import build_inputs
+
+    config = transformers.BartConfig(
+        vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_labels=3,
+    )
+    torch.manual_seed(0)
+    model = transformers.BartForSequenceClassification(config).eval()
+    inputs = build_inputs(model)
+    ids = inputs["input_ids"]
+    assert "decoder_input_ids" not in inputs
+    assert (ids[:, -1] == config.eos_token_id).all() and int((ids == config.eos_token_id).sum()) == ids.shape[0]
+    with torch.no_grad():
+        assert model(**inputs).logits.shape == (ids.shape[0], 3)
+
+
+def test_task_heads_get_the_config_fields_they_read() -> None:
+    from hf_exporters.sweep.job import _head_fields
+
+    config = _tiny_bert_config()
+    config.pad_token_id = None
+    assert _head_fields("BertForSequenceClassification", config) == ["config.pad_token_id = 0"] and config.pad_token_id == 0
+    config = _tiny_bert_config(num_labels=3)
+    assert _head_fields("BertForQuestionAnswering", config) == ["config.num_labels = 2"] and config.num_labels == 2
+    assert _head_fields("BertModel", _tiny_bert_config()) == []
+
+
+def test_the_sample_is_reported_with_a_wilson_interval_at_its_own_revision() -> None:
+    low, high = report.wilson_interval(8, 10)
+    assert (round(low, 4), round(high, 4)) == (0.4902, 0.9433)
+    assert report.wilson_interval(0, 0) == (0.0, 1.0)
+    records = [
+        {**_record("ours", "onnx", False, "A", "fail", "lowering", "unsupported op"), "revision": "old", "finished": "1"},
+        {**_record("ours", "onnx", False, "A", "pass"), "revision": "new", "finished": "2"},
+        {**_record("ours", "onnx", False, "B", "fail", "parity", "parity"), "revision": "new", "finished": "3"},
+        {**_record("ours", "onnx", False, "Z", "pass"), "revision": "newer", "finished": "4"},  # not in the sample
+    ]
+    records = [{**r, "cache": "default"} for r in records]
+    sample = report.summarize_sample(records, {"forward": ["A", "B", "C"], "cache": {"default": ["A", "B", "C"], "off": []}})
+    assert sample["revision"] == "new" and sample["size"] == 3
+    (onnx,) = [g for g in sample["groups"] if (g["engine"], g["backend"]) == ("ours", "onnx")]
+    assert (onnx["pass"], onnx["fail"], onnx["run"], onnx["not_run"], onnx["pass_rate_of_run"]) == (1, 1, 2, 1, 0.5)
+    assert onnx["interval_95"] == [round(v, 4) for v in report.wilson_interval(1, 2)]
+    summary = report.summarize(records, {}, {"forward": ["Z"]})
+    assert summary["headline_revision"] == "newer"
+    assert report.summarize(records, {}, {"forward": ["A", "B"]})["headline_revision"] == "new"  # Z's newer record does not move it
+
+
 # ── Isolated jobs ────────────────────────────────────────────────────────────
 
 

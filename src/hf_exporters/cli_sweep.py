@@ -36,7 +36,11 @@ def sweep(
         "cache is compared leaf by leaf; the headline) and off (use_cache=False). A class whose config has no use_cache "
         "field runs once, as default. With --smoke, default runs for the smoke set's cache classes only.",
     ),
-    classes: str = typer.Option("base", "--classes", help="base (one base model class per model type) | all (every Auto-mapping class)."),
+    classes: str = typer.Option(
+        "base", "--classes",
+        help="base (one base model class per model type) | all (every Auto-mapping class) | sample (a seeded random sample "
+        "of 400 non-base classes, reported as a sample with its 95% interval; the report's headline stays the base classes').",
+    ),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated fnmatch patterns on class name or model type."),
     shard: Optional[str] = typer.Option(None, "--shard", help="i/n: run every n-th class starting at i (0-based)."),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Jobs run at the same time (local process pool)."),
@@ -85,7 +89,11 @@ def sweep(
 
     all_classes = class_sets.all_classes()
     base = class_sets.base_classes()
-    pool = all_classes if classes == "all" else base
+    if classes not in ("base", "all", "sample"):
+        typer.echo(f"error: --classes {classes}: choose base, all or sample", err=True)
+        raise typer.Exit(1)
+    sample = class_sets.nonbase_sample()
+    pool = all_classes if classes == "all" else sample if classes == "sample" else base
     if smoke:
         pool = {c: all_classes.get(c, base.get(c, "")) for c in smoke_set.smoke_classes()}
     generative = class_sets.generative_classes()
@@ -106,7 +114,9 @@ def sweep(
             return []
 
     # the report's denominators: every class the options select, in either mode, whichever shapes this run asks for
-    report_selection = {"forward": chosen(pool), "generation": chosen(gen_pool if not smoke else {c: t for c, t in pool.items() if c in generative})}
+    # (--classes sample: the base classes', the sample being reported in its own section)
+    report_pool = base if classes == "sample" else pool
+    report_selection = {"forward": chosen(report_pool), "generation": chosen(gen_pool if not smoke else {c: t for c, t in pool.items() if c in generative})}
     # cache kinds: default for every class, off for a class whose config has use_cache (its config built once here)
     fields: dict[str, bool] = {}
 
@@ -196,13 +206,14 @@ def sweep(
             "revision": store.revision,
             "classes_total": len(all_classes),
             "base_classes_total": len(base),
-            "class_set": "smoke" if smoke else classes,
-            "classes_selected": len(selected),
+            "class_set": "smoke" if smoke else ("base" if classes == "sample" else classes),
+            "classes_selected": len(report_selection["forward"]),
             "generative_classes_total": len(generative),
             "runs": runs,
             "revisions_recorded": sorted({r.get("revision", "?") for r in store.records()}),
         }
-        summary = report.write_reports(out_dir, store.records(), meta, report_selection, headline_revision)
+        sample_selection = None if smoke else {"forward": sorted(sample), "cache": {"default": sorted(sample), "off": []}}
+        summary = report.write_reports(out_dir, store.records(), meta, report_selection, headline_revision, sample_selection)
         typer.echo(
             f"headline revision {summary['headline_revision']}: {summary['records_headline']} records; "
             f"{summary['records_history']} records of {summary['revisions_history']} other revisions kept as history only",

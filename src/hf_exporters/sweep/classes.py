@@ -14,10 +14,16 @@ def _names(value: Any) -> list[str]:
 
 
 def auto_mappings() -> dict[str, dict[str, Any]]:
-    """``{mapping name: {model_type: class name(s)}}`` for every ``*_MAPPING_NAMES`` of modeling_auto."""
+    """``{mapping name: {model_type: class name(s)}}`` for every ``MODEL_*_MAPPING_NAMES`` of modeling_auto: the
+    mappings of model classes. ``CONFIG_MAPPING_NAMES``, which modeling_auto imports too, maps to configuration
+    classes and is left out."""
     from transformers.models.auto import modeling_auto
 
-    return {n: getattr(modeling_auto, n) for n in dir(modeling_auto) if n.endswith("_MAPPING_NAMES") and isinstance(getattr(modeling_auto, n), dict)}
+    return {
+        n: getattr(modeling_auto, n)
+        for n in dir(modeling_auto)
+        if n.startswith("MODEL_") and n.endswith("_MAPPING_NAMES") and isinstance(getattr(modeling_auto, n), dict)
+    }
 
 
 def all_classes() -> dict[str, str]:
@@ -76,6 +82,23 @@ def generative_classes() -> dict[str, str]:
     for model_type, name in chosen.items():
         types.setdefault(name, []).append(model_type)
     return {name: _own_type(name.split("For")[0] + "Model", found) for name, found in types.items()}
+
+
+#: the seeded random sample of non-base classes the report counts as a sample (``--classes sample``)
+SAMPLE_SIZE = 400
+SAMPLE_SEED = 29
+
+
+def nonbase_sample(size: int = SAMPLE_SIZE, seed: int = SAMPLE_SEED) -> dict[str, str]:
+    """A seeded random sample of ``size`` classes among those of :func:`all_classes` that are not base classes
+    (task heads, backbones, towers): ``{class name: model_type}``. The same installed transformers, size and seed
+    give the same sample."""
+    import random
+
+    every = all_classes()
+    base = base_classes()
+    pool = sorted(c for c in every if c not in base)
+    return {c: every[c] for c in sorted(random.Random(seed).sample(pool, min(size, len(pool))))}
 
 
 def select(classes: dict[str, str], only: str | None = None, shard: str | None = None) -> list[str]:

@@ -430,6 +430,39 @@ def _packed_images(config: Any, generator: torch.Generator) -> tuple[torch.Tenso
     return pixels, torch.tensor([[side, side]] * BATCH, dtype=torch.long)
 
 
+#: answers per question given to a ``*ForMultipleChoice`` head
+CHOICES = 2
+
+
+def _choices(inputs: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
+    """A multiple-choice head's inputs: every per-token tensor ``(batch, seq, ...)`` as ``(batch, CHOICES, seq, ...)``,
+    each choice's ``input_ids`` drawn anew from the same range, masks and type ids repeated."""
+    out = dict(inputs)
+    for name, value in inputs.items():
+        if not isinstance(value, torch.Tensor) or value.dim() < 2 or value.shape[:2] != (BATCH, SEQ):
+            continue
+        if name == "input_ids":
+            low, high = int(value.min()), int(value.max()) + 1
+            out[name] = torch.randint(low, max(high, low + 1), (BATCH, CHOICES, *value.shape[1:]), generator=generator)
+        else:
+            out[name] = value.unsqueeze(1).expand(BATCH, CHOICES, *value.shape[1:]).contiguous()
+    return out
+
+
+def _ended_sentences(inputs: dict[str, Any], config: Any) -> dict[str, Any]:
+    """An encoder-decoder classification head's inputs: it decodes ``input_ids`` shifted right and pools the decoder's
+    state at each row's end-of-sequence token, so each row of ``input_ids`` ends with ``eos_token_id`` (held nowhere
+    else) and no ``decoder_input_ids`` are given."""
+    eos = _get(config, "eos_token_id")
+    eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+    ids = inputs.get("input_ids")
+    if eos is None or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return inputs
+    ids = torch.where(ids == int(eos), ids + 1, ids)
+    ids[:, -1] = int(eos)
+    return {**{k: v for k, v in inputs.items() if k != "decoder_input_ids"}, "input_ids": ids}
+
+
 def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
     """Forward keyword arguments for ``model`` (a tiny transformers model).
 
@@ -487,6 +520,9 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
       2)``: 1 at the image's latent queries after the first token (``input_ids`` and ``attention_mask`` lengthened);
     - offline-RL trajectories (``states``/``actions``, config ``state_dim``): see ``_trajectory``; ``target_sizes``:
       several images' patches packed in one row, see ``_packed_images``;
+    - a ``*ForMultipleChoice`` head gets every per-token input as ``(batch, CHOICES, seq, ...)`` (:func:`_choices`);
+      an encoder-decoder ``*ForSequenceClassification`` head rows ending with the end-of-sequence token and no
+      ``decoder_input_ids`` (:func:`_ended_sentences`);
     - families of :data:`SINGLE_SAMPLE` get every batch-first input cut to one sample;
     - config ``keypoint_detector_config`` (or a family of :data:`IMAGE_PAIRS`): ``pixel_values`` as an image pair
       ``(batch, 2, channels, height, width)``;
@@ -714,6 +750,10 @@ def build_inputs(model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
         raise InputError(f"the forward requires {', '.join(missing)}, which the sweep cannot build")
     if not inputs:
         raise InputError(f"no known input among the forward's parameters ({', '.join(list(names)[:8])})")
+    if type(model).__name__.endswith("ForMultipleChoice"):
+        inputs = _choices(inputs, generator)
+    if type(model).__name__.endswith("ForSequenceClassification") and getattr(config, "is_encoder_decoder", False):
+        inputs = _ended_sentences(inputs, config)
     if getattr(config, "model_type", None) in SINGLE_SAMPLE:
         inputs = {k: v[:1] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == BATCH else v for k, v in inputs.items()}
     return inputs

@@ -255,6 +255,29 @@ def _calibrate(model: Any) -> list[str]:
         return []
 
 
+def _head_fields(class_name: str, config: Any) -> list[str]:
+    """Set the config fields a task head reads that a base model's config may leave unset; returns what was set.
+
+    A ``*ForSequenceClassification`` head pools each row's last token that is not padding, and refuses a batch
+    of more than one row without ``pad_token_id`` ("Cannot handle batch sizes > 1 if no padding token is
+    defined"): it gets ``pad_token_id = 0`` (on the text config too), an id the sweep's inputs never draw
+    (:func:`~.inputs.build_inputs` draws ids from 1), so every row pools its last token. An extractive
+    ``*ForQuestionAnswering`` head splits its logits into start and end, so it gets ``num_labels = 2`` (the tiny
+    config has 3: :func:`~.tiny.tiny_config`)."""
+    if class_name.endswith("ForQuestionAnswering") and getattr(config, "num_labels", 2) != 2:
+        config.num_labels = 2
+        return ["config.num_labels = 2"]
+    if not class_name.endswith("ForSequenceClassification"):
+        return []
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    changed = []
+    for where, part in [("config", config)] + ([("text config", text)] if text is not config else []):
+        if getattr(part, "pad_token_id", None) is None:
+            part.pad_token_id = 0
+            changed.append(f"{where}.pad_token_id = 0")
+    return changed
+
+
 def build_model(class_name: str, use_cache: bool | None = False) -> Any:
     """The tiny model of ``class_name`` (seeded, eval mode).
 
@@ -276,6 +299,7 @@ def build_model(class_name: str, use_cache: bool | None = False) -> Any:
         _no_cache(config)
     elif use_cache and class_name.endswith("ForCausalLM") and getattr(config, "is_decoder", None) is False:
         config.is_decoder = True  # encoder families (BERT, RoBERTa, ...) cache and mask causally only as decoders
+    _head_fields(class_name, config)
     torch.manual_seed(0)
     model = cls(config).eval()
     undo_degenerate_init(model, getattr(config, "initializer_range", None) or 0.02)

@@ -138,7 +138,9 @@ def summarize(
     (:func:`headline_revision` of ``records`` when None). Groups are those any record names (any revision)."""
     selected = _selection(records, selection)
     requested = bool(revision)
-    revision = headline_revision(records, revision)
+    chosen_classes = set(selected["forward"]) | set(selected["generation"])
+    # the newest record of a selected class: records of other classes (the non-base sample) do not move the headline
+    revision = headline_revision([r for r in records if r["model_class"] in chosen_classes], revision)
     rows = headline_records(records, revision, selected)
     groups: dict[str, dict[str, Any]] = {}
     order = {"static": 0, "dynamic": 1, "generation": 2}
@@ -357,18 +359,96 @@ def top_failure_kinds(
     return out
 
 
+def wilson_interval(passed: int, total: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a pass rate ``passed / total`` (95 % for ``z = 1.96``), as fractions; (0, 1)
+    when ``total`` is 0."""
+    if total <= 0:
+        return 0.0, 1.0
+    p = passed / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * ((p * (1 - p) / total + z * z / (4 * total * total)) ** 0.5) / (1 + z * z / total)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def summarize_sample(records: list[dict[str, Any]], sample: dict[str, Any]) -> dict[str, Any]:
+    """The sample of non-base classes (``sample``: a selection as :func:`summarize` takes it, the ``default`` cache kind
+    only): per engine × backend of static forward jobs at one code revision (the newest record's among the sample's
+    static jobs: ``revision``), pass / sample size, not run, and the pass rate over the classes run with its 95 %
+    Wilson interval (:func:`wilson_interval`)."""
+    selected = _selection(records, sample)
+    members = set(selected["forward"])
+    revision = headline_revision([r for r in records if r["model_class"] in members and shapes_of(r) == "static"])
+    rows = headline_records(records, revision, selected) if revision else []
+    by_group: dict[tuple[str, str], dict[str, str]] = collections.defaultdict(dict)
+    for record in rows:
+        if shapes_of(record) == "static" and cache_of(record) == HEADLINE_CACHE:
+            by_group[(record["engine"], backend_of(record))][record["model_class"]] = record["outcome"]
+    size = len(selected["forward"])
+    groups = []
+    for engine in ENGINES:
+        for backend in BACKENDS:
+            outcomes = by_group.get((engine, backend), {})
+            passed = sum(o == "pass" for o in outcomes.values())
+            low, high = wilson_interval(passed, len(outcomes))
+            groups.append({
+                "engine": engine, "backend": backend, "sample": size, "run": len(outcomes), "pass": passed,
+                "fail": sum(o not in ("pass", "skip") for o in outcomes.values()), "skip": sum(o == "skip" for o in outcomes.values()),
+                "not_run": size - len(outcomes),
+                "pass_rate_of_run": round(passed / len(outcomes), 4) if outcomes else None,
+                "interval_95": [round(low, 4), round(high, 4)] if outcomes else None,
+            })
+    return {"size": size, "revision": revision, "groups": groups}
+
+
+def _nonbase_total(summary: dict[str, Any]) -> str:
+    total, base = summary.get("classes_total"), summary.get("base_classes_total")
+    return str(total - base) if isinstance(total, int) and isinstance(base, int) else "?"
+
+
+def _sample_lines(summary: dict[str, Any]) -> list[str]:
+    sample = summary.get("sample")
+    if not sample:
+        return []
+    from .classes import SAMPLE_SEED
+
+    lines = [
+        "## Sample of non-base classes",
+        "",
+        f"A seeded random sample of **{sample['size']}** of the {_nonbase_total(summary)} classes that are not base classes "
+        f"(task heads, backbones, towers; seed "
+        f"{SAMPLE_SEED}, `hf-exporters sweep --classes sample`), static shapes, cache default, every figure from the records "
+        f"of one code revision, `{sample.get('revision') or 'none yet'}` (the newest of the sample's). "
+        "The rate over the classes run is an estimate for every non-base class, with its 95 % Wilson interval; classes "
+        "not run count in `pass / sample` only.",
+        "",
+        "| engine | backend | pass / sample | not run | fail | pass rate of the classes run (95 % interval) |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for g in sample["groups"]:
+        if g["run"]:
+            low, high = g["interval_95"]
+            rate = f"{100 * g['pass_rate_of_run']:.1f}% of {g['run']} ({100 * low:.1f}-{100 * high:.1f}%)"
+        else:
+            rate = "none run"
+        lines.append(f"| {g['engine']} | {g['backend']} | {g['pass']} / {g['sample']} | {g['not_run']} | {g['fail']} | {rate} |")
+    return [*lines, ""]
+
+
 def write_reports(
     directory: Path, records: list[dict[str, Any]], meta: dict[str, Any],
-    selection: dict[str, list[str]] | None = None, revision: str | None = None,
+    selection: dict[str, list[str]] | None = None, revision: str | None = None, sample: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write ``summary.json``, ``report.md`` and ``pass_rates.png`` into ``directory``; return the summary.
 
     Every figure of the headline comes from the records of one code revision (``revision``, else the newest
     record's: :func:`headline_revision`) and counts every selected class (``selection``, see :func:`summarize`);
-    records of other revisions are counted as history only."""
+    records of other revisions are counted as history only. ``sample``: the selection of the non-base sample,
+    reported in its own section (:func:`summarize_sample`)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     summary = summarize(records, meta, selection, revision)
+    if sample is not None:
+        summary["sample"] = summarize_sample(records, sample)
     rows = headline_records(records, summary["headline_revision"], _selection(records, selection))
     summary["top_failure_kinds"] = top_failure_kinds(rows)
     summary["top_export_failure_kinds"] = top_failure_kinds(rows, engine="ours", export_side=True)
@@ -455,6 +535,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         *_one_set_lines(summary),
         "![pass rates](pass_rates.png)",
         "",
+        *_sample_lines(summary),
         "## Top failure kinds",
         "",
         "By the number of model classes they cost (a class counts once however many of its jobs failed so).",
