@@ -26,7 +26,7 @@ from hf_exporters.errors import ExportStageError, MissingDependencyError, Parity
 from hf_exporters.exporters import onnx as onnx_module  # noqa: E402
 from hf_exporters.exporters.onnx import OnnxExporter, newest_opset  # noqa: E402
 from hf_exporters.runtime import check_parity, resized_inputs  # noqa: E402
-from hf_exporters.shapes import StaticAxis  # noqa: E402
+from hf_exporters.shapes import StaticAxis, auto_dynamic_shapes  # noqa: E402
 from config_models import build, example_inputs  # noqa: E402
 from workaround_helpers import without_workarounds  # noqa: E402
 
@@ -410,6 +410,37 @@ def test_fix_sdpa_broadcast_kv_heads(tmp_path: Path) -> None:
     inputs = {"q": torch.randn(2, 4, 5, 8), "k": torch.randn(2, 1, 5, 8), "v": torch.randn(2, 1, 5, 8)}
     _, diff = _onnx_parity(MultiQuery(), inputs, tmp_path)
     assert diff < 1e-5
+
+
+class _PaddingMaskAttention(torch.nn.Module):
+    """SDPA with a BERT-style padding mask of one query row, (batch, 1, 1, keys), broadcast over the queries."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        extended = (1.0 - mask[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=extended)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_fix_sdpa_mask_over_query_rows(tmp_path: Path, dynamic: bool) -> None:
+    """onnxruntime's opset-23 ``Attention`` refuses a mask of one query row at run time; expanded, it matches eager."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8, generator=generator) for _ in range(3))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, 4:] = 0  # the second row's last two keys are padding
+    inputs = {"q": q, "k": k, "v": v, "mask": mask}
+    config = OnnxConfig(dynamic_shapes=auto_dynamic_shapes(inputs)) if dynamic else None
+    exporter = OnnxExporter()
+    with without_workarounds("_fix_sdpa_mask_over_query_rows"):
+        path = exporter.save(exporter.export(_PaddingMaskAttention(), inputs, config), tmp_path / "without")
+        with pytest.raises(Exception, match=re.escape("inconsistent q_sequence_length (between attn_mask and Q)")):
+            exporter.load_runner(path)(inputs)
+    result = exporter.run(_PaddingMaskAttention(), inputs, config)
+    assert "_fix_sdpa_mask_over_query_rows" in [w.target for w in result.workarounds_fired]
+    assert [n.op_type for n in result.program.model.graph].count("Attention") == 1
+    path = exporter.save(result.program, tmp_path / "with")
+    sets = [inputs] + ([{"q": q[:, :, :3], "k": k, "v": v, "mask": mask}] if dynamic else [])
+    reports = check_parity(_PaddingMaskAttention(), exporter.load_runner(path), sets, atol=1e-5)
+    assert all(r.ok and r.max_abs_diff < 1e-5 for r in reports) and len(reports) == len(sets)
 
 
 def test_view_to_size_zero_axis_keeps_allowzero(tmp_path: Path) -> None:

@@ -194,6 +194,46 @@ def _fix_sdpa_broadcast_kv_heads(gm: torch.fx.GraphModule, node: torch.fx.Node) 
     return True
 
 
+@registry.register_fx_node_fix("onnx")
+def _fix_sdpa_mask_over_query_rows(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Expand an ``attn_mask`` of one query row, (..., 1, S), to the query's length, (..., L, S).
+
+    Pattern: ``scaled_dot_product_attention(q, k, v, attn_mask=mask)`` with the padding mask of older BERT-style
+    code, (B, 1, 1, S), that SDPA broadcasts over the L query rows. torch.onnx's opset-23 translation emits
+    ``Attention`` with the mask as given, and onnxruntime's CPU ``Attention`` kernel requires the mask's
+    second-to-last axis to equal the query length, failing at run time with "inconsistent q_sequence_length
+    (between attn_mask and Q)". An ``expand`` to (..., L, S) is the broadcast SDPA does; the values are the same.
+    Models: LayoutLMModel, LEDModel, LongformerModel (onnx in the sweep, opset 25; upstream exports opset 18).
+    Upstream: onnxruntime core/providers/cpu/llm/attention_helper.h ``ComputeOutputShapeForAttention`` (no
+        broadcast of the mask's query axis, which the ONNX ``Attention`` spec allows); no report found
+    Remove when: onnxruntime's CPU ``Attention`` broadcasts the mask over query rows.
+    """
+    if node.target is not aten.scaled_dot_product_attention.default:
+        return False
+    in_args = len(node.args) > 3
+    mask = node.args[3] if in_args else node.kwargs.get("attn_mask")
+    query, mask_val = _val(node.args[0]), _val(mask)
+    if query is None or mask_val is None or mask_val.dim() < 2 or query.dim() < 2:
+        return False
+    rows = query.shape[-2]
+    if not (isinstance(mask_val.shape[-2], int) and mask_val.shape[-2] == 1) or (isinstance(rows, int) and rows == 1):
+        return False
+    graph = gm.graph
+    with graph.inserting_before(node):
+        if isinstance(rows, int):
+            length: object = rows
+        else:
+            length = _insert(graph, aten.sym_size.int, (node.args[0], query.dim() - 2), None, rows, node)
+        sizes = [-1] * (mask_val.dim() - 2) + [length, -1]
+        value = mask_val.expand(*mask_val.shape[:-2], rows, mask_val.shape[-1])
+        expanded = _insert(graph, aten.expand.default, (mask, sizes), None, value, node)
+    if in_args:
+        node.args = (*node.args[:3], expanded, *node.args[4:])
+    else:
+        node.kwargs = {**node.kwargs, "attn_mask": expanded}
+    return True
+
+
 def _known_not_one(size: Any) -> bool:
     """Whether an axis size is known not to be 1: a static size, or a symbolic one whose range excludes 1."""
     if isinstance(size, int):
