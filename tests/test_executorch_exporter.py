@@ -1224,3 +1224,70 @@ def test_export_leaves_the_callers_model_in_its_dtype_and_mode(tmp_path):
         expected = model.float().eval()[0](x.float())
     (actual,) = runner({"input": x.float()})
     torch.testing.assert_close(torch.as_tensor(actual), expected, atol=1e-5, rtol=0)
+
+
+class _ReassignedTable(torch.nn.Module):
+    """A table buffer reassigned in forward before it is read, as CTRL moves its positional encoding."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.arange(1.0, 13.0).reshape(6, 2), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        self.table = self.table.to(device=positions.device, dtype=torch.float32)
+        return self.table[positions] * 2
+
+
+def test_a_mutated_buffer_keeps_its_initial_value(tmp_path):
+    """ExecuTorch serialises a mutated buffer without its data unless asked to keep it: the program read
+    uninitialised memory where the model reads its table."""
+    from hf_exporters.exporters.executorch import initialized_mutable_buffers
+
+    model, inputs = _ReassignedTable().eval(), {"positions": torch.tensor([[0, 5, 2]])}
+    exporter = ExecutorchExporter()
+    result = exporter.run(model, inputs)
+    assert initialized_mutable_buffers(result.program.exported_program()) == ["b_table"]
+    runner = exporter.load_runner(exporter.save(result.program, tmp_path))
+    (report,) = check_parity(model, runner, [inputs], atol=0)
+    assert report.ok and report.max_abs_diff == 0
+    (out,) = runner(inputs)
+    assert torch.as_tensor(out).tolist() == [[[2.0, 4.0], [22.0, 24.0], [10.0, 12.0]]]
+
+
+class _ConvThenSoftmax(torch.nn.Module):
+    """A 1x1 convolution, then a softmax over the width (MobileViTV2's linear self-attention scores)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = self.conv(x)
+        return torch.softmax(scores, dim=-1), torch.log_softmax(scores, dim=-1)
+
+
+def test_patch_xnnpack_softmax_in_model_layout(tmp_path):
+    """Without the patch XNNPACK normalises the convolution's NHWC output over the channels: wrong values, no error."""
+    model, inputs = _ConvThenSoftmax().eval(), {"x": _x(2, 8, 4, 16)}
+    with without_workarounds("_patch_xnnpack_softmax_in_model_layout"):
+        exporter = ExecutorchExporter()
+        runner = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path / "without"))
+        (wrong,) = check_parity(model, runner, [inputs], atol=1e-5, raise_on_mismatch=False)
+    assert not wrong.ok and wrong.max_abs_diff > 0.1
+    report = _pte_parity(model, inputs, tmp_path / "with", atol=1e-5)
+    assert report.ok and report.max_abs_diff < 1e-5 and [leaf.shape for leaf in report.leaves] == [(2, 4, 4, 16)] * 2
+
+
+class _FirstUpdateInDouble(torch.nn.Module):
+    """``cat`` of a float64 empty tensor and float32 keys: eager promotes to float64."""
+
+    def forward(self, keys: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.tensor([], dtype=torch.float64), keys.transpose(1, 2)], dim=-2).reshape(-1, 4)
+
+
+def test_the_cat_onto_an_empty_tensor_keeps_the_promoted_dtype(tmp_path):
+    model, inputs = _FirstUpdateInDouble(), {"keys": _x(2, 3, 2, 4)}
+    program = ExecutorchExporter().run(model, inputs, ExecutorchConfig(backend="portable")).exported_program
+    (copy,) = [n for n in program.graph.nodes if n.target is torch.ops.aten._to_copy.default]
+    assert copy.kwargs["dtype"] is torch.float64 and copy.meta["val"].dtype is torch.float64

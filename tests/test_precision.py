@@ -148,3 +148,15 @@ def test_a_bfloat16_model_exported_with_xnnpack_is_checked_as_float32(tmp_path):
     assert model.embeddings.word_embeddings.weight.dtype == torch.float32
     assert manifest["outputs"][0]["dtype"] == "float32"
     assert manifest["parity"][0]["ok"] and manifest["parity"][0]["max_abs_diff"] < 1e-4
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")
+def test_the_cuda_recipe_without_a_gpu_is_refused_by_stage_1_not_by_the_cast(tmp_path):
+    from hf_exporters.errors import ExportStageError
+
+    model, inputs = _tiny_bert()
+    with pytest.raises(ExportStageError) as caught:
+        export_to_folder(model, inputs, "executorch", tmp_path / "out", recipe="cuda")
+    assert caught.value.stage == "Stage 1: Backend preparation"
+    assert caught.value.detail.startswith("RuntimeError: the ExecuTorch 'cuda' backend needs a CUDA GPU, and none is available here")
+    assert model.embeddings.word_embeddings.weight.device.type == "cpu" and not (tmp_path / "out").exists()

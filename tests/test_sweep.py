@@ -1139,3 +1139,14 @@ def test_upstream_artifacts_run_on_the_inputs_its_preparation_left(monkeypatch: 
         assert record["outcome"] == "pass", record
         assert record["upstream_prepared_inputs"] == ["scale"]
     assert record["input_sets"] == 2  # the grown set, prepared by upstream again
+
+
+def test_an_unknown_class_set_is_a_usage_error(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from hf_exporters.cli import app
+
+    result = CliRunner().invoke(app, ["sweep", "--classes", "bogus", "--report-only", "--output", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "--classes: unknown bogus; choose from base, all, sample" in result.output
+    assert not (tmp_path / "out").exists()

@@ -90,8 +90,7 @@ def sweep(
     all_classes = class_sets.all_classes()
     base = class_sets.base_classes()
     if classes not in ("base", "all", "sample"):
-        typer.echo(f"error: --classes {classes}: choose base, all or sample", err=True)
-        raise typer.Exit(1)
+        raise typer.BadParameter(f"--classes: unknown {classes}; choose from base, all, sample")
     sample = class_sets.nonbase_sample()
     pool = all_classes if classes == "all" else sample if classes == "sample" else base
     if smoke:
@@ -114,9 +113,11 @@ def sweep(
             return []
 
     # the report's denominators: every class the options select, in either mode, whichever shapes this run asks for
-    # (--classes sample: the base classes', the sample being reported in its own section)
-    report_pool = base if classes == "sample" else pool
-    report_selection = {"forward": chosen(report_pool), "generation": chosen(gen_pool if not smoke else {c: t for c, t in pool.items() if c in generative})}
+    # (--classes sample: every base class, whatever --only picks of the sample; the sample has its own section)
+    report_selection = {
+        "forward": sorted(base) if classes == "sample" else chosen(pool),
+        "generation": sorted(gen_pool) if classes == "sample" else chosen(gen_pool if not smoke else {c: t for c, t in pool.items() if c in generative}),
+    }
     # cache kinds: default for every class, off for a class whose config has use_cache (its config built once here)
     fields: dict[str, bool] = {}
 

@@ -28,7 +28,7 @@ from .deps import require
 from .errors import ExportStageError, HfExportersError, InputError, ParityError
 from .exporters._common import blamed_line, first_line
 from .folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder  # noqa: F401  (MANIFEST_NAME re-exported)
-from .precision import cast_for_export, dtype_name, dtype_tolerance, parse_dtype
+from .precision import cast_for_export, cast_to_executorch_backend, dtype_name, dtype_tolerance, parse_dtype
 from .runtime import check_parity, eager_outputs, resized_inputs
 from .runtime.embedding_accuracy import check_embedding_accuracy, sentence_batches
 from .shapes import is_symbolic, tensor_leaves
@@ -361,11 +361,6 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-#: ExecuTorch backend -> (device, dtype) its program computes in when ``--dtype`` is not given; a model in another
-#: dtype or on another device is cast to it before a folder export (:func:`export_to_folder`)
-BACKEND_COMPUTES: dict[str, tuple[str, torch.dtype]] = {"xnnpack": ("cpu", torch.float32), "cuda": ("cuda", torch.bfloat16)}
-
-
 def export_to_folder(
     model: torch.nn.Module,
     inputs: dict[str, Any],
@@ -407,8 +402,9 @@ def export_to_folder(
 
     ``dtype`` (``float16``, ``bfloat16``, ``float32`` or optimum's ``fp16``, ``bf16``, ``fp32``) casts ``model``
     in place and the floating ``inputs`` before the export (:mod:`hf_exporters.precision`); the manifest
-    records it under ``dtype``. Without ``dtype``, an ExecuTorch model is cast in place to what its backend computes in
-    (:data:`BACKEND_COMPUTES`: a bfloat16 model exported with XNNPACK is checked as float32). A reduced-precision artifact is checked against eager in its dtype and, when
+    records it under ``dtype``. Without ``dtype``, an ExecuTorch model is cast in place to what its backend computes
+    in (:func:`~hf_exporters.precision.cast_to_executorch_backend`: a bfloat16 model exported with XNNPACK is
+    checked as float32). A reduced-precision artifact is checked against eager in its dtype and, when
     the model was float32, against float32 eager on ``inputs`` (``parity_float32``), each within the backend's
     tolerance plus ``DTYPE_RTOL`` times the largest output; an ONNX artifact onnxruntime's CPU provider has no
     kernel for is refused here, validated or not.
@@ -456,11 +452,7 @@ def export_to_folder(
         if reduced and atol is None:
             tolerance = dtype_tolerance(torch_dtype, exporter.default_atol, eager_outputs(model, inputs))
     if backend == "executorch" and torch_dtype is None:
-        # XNNPACK computes in float32 and CUDA in bfloat16 on the GPU; the exporter casts a copy of the model,
-        # and the model is cast here too, so that eager, the parity reference, computes as the artifact does
-        device, computes = BACKEND_COMPUTES.get(getattr(config, "backend", None), (None, None))
-        if computes is not None and any(p.device.type != device or (p.is_floating_point() and p.dtype != computes) for p in model.parameters()):
-            model.to(device=device, dtype=computes)
+        cast_to_executorch_backend(model, getattr(config, "backend", None))  # eager computes as the program does
     sentences = None
     if quantize is None and quantize_embeddings is not None:  # embeddings alone: checked on sentences as well
         sentences = _sentence_batches(model, preprocessor, inputs, dynamic, quantize_embeddings, validate, "--qembedding")

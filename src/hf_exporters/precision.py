@@ -65,6 +65,25 @@ def cast_for_export(model: torch.nn.Module, inputs: dict[str, Any], dtype: torch
     return _cast_tree(inputs, dtype)
 
 
+#: ExecuTorch backend -> (device type, dtype) its program computes in when no dtype is asked for
+EXECUTORCH_COMPUTES: dict[str, tuple[str, torch.dtype]] = {"xnnpack": ("cpu", torch.float32), "cuda": ("cuda", torch.bfloat16)}
+
+
+def cast_to_executorch_backend(model: torch.nn.Module, backend: str | None) -> bool:
+    """Cast ``model`` in place to the device and dtype the ExecuTorch ``backend`` computes in
+    (:data:`EXECUTORCH_COMPUTES`: a bfloat16 checkpoint exported with XNNPACK computes in float32), so that eager, the
+    parity reference, computes as the program does; the exporter itself casts a copy. Nothing is done for another
+    backend, for a model already there, or when the device is not available here (the exporter's Stage 1 then
+    refuses the export with the reason). Returns whether the model was cast."""
+    device, dtype = EXECUTORCH_COMPUTES.get(backend or "", (None, None))
+    if device is None or (device == "cuda" and not torch.cuda.is_available()):
+        return False
+    if all(p.device.type == device and (not p.is_floating_point() or p.dtype == dtype) for p in model.parameters()):
+        return False
+    model.to(device=device, dtype=dtype)
+    return True
+
+
 def _cast_tree(value: Any, dtype: torch.dtype) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(dtype) if value.is_floating_point() else value

@@ -26,6 +26,7 @@ from ..errors import InputError, ParityError
 from ..exporters.result import ExportResult
 from ..folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder
 from ..pipeline import describe_tensors, dynamic_axes, library_versions, make_config, make_exporter
+from ..precision import cast_to_executorch_backend
 from ..runtime.compare import compare_leaves, raise_if_eager_nonfinite
 from ..shapes import tensor_leaves
 from .accuracy import NEW_TOKENS, check_generation_accuracy, prompt_ids
@@ -555,6 +556,8 @@ def export_generation_folder(
         # a quantized folder is checked on the tokenized prompts: refuse what cannot run them before loading
         _check_room_for_prompts(prompt_ids(preprocessor), exporter_config, seq2seq)
     model = load_pretrained(auto, path, f"task {task!r}", allow_random_weights, trust_remote_code)
+    if exporter.name == "executorch":
+        cast_to_executorch_backend(model, getattr(exporter_config, "backend", None))  # eager computes as the program does
     if validate and (quantize is not None or quantize_embeddings is not None) and getattr(model, "main_input_name", "input_ids") != "input_ids":
         raise InputError(
             f"the accuracy check of a quantized folder runs text prompts; {type(model).__name__} takes {model.main_input_name} "

@@ -138,9 +138,13 @@ def summarize(
     (:func:`headline_revision` of ``records`` when None). Groups are those any record names (any revision)."""
     selected = _selection(records, selection)
     requested = bool(revision)
-    chosen_classes = set(selected["forward"]) | set(selected["generation"])
+    forward, generation = set(selected["forward"]), set(selected["generation"])
+
+    def of_selection(record: dict[str, Any]) -> bool:  # a record of a selected class in its mode
+        return record["model_class"] in (generation if shapes_of(record) == "generation" else forward)
+
     # the newest record of a selected class: records of other classes (the non-base sample) do not move the headline
-    revision = headline_revision([r for r in records if r["model_class"] in chosen_classes], revision)
+    revision = headline_revision([r for r in records if of_selection(r)], revision)
     rows = headline_records(records, revision, selected)
     groups: dict[str, dict[str, Any]] = {}
     order = {"static": 0, "dynamic": 1, "generation": 2}
@@ -192,9 +196,10 @@ def summarize(
         g["pass_rate"] = round(g["pass"] / g["selected"], 4) if g["selected"] else 0.0
         g["failures_by_stage"] = dict(g["failures_by_stage"].most_common())
         g["failures_by_kind"] = dict(g["failures_by_kind"].most_common())
-    headline_all = [r for r in records if revision is None or r.get("revision") == revision]
-    history = [r for r in records if not (revision is None or r.get("revision") == revision)]
-    chosen = set(selected["forward"]) | set(selected["generation"])
+    at_revision = [r for r in records if revision is None or r.get("revision") == revision]
+    headline_all = [r for r in at_revision if of_selection(r)]
+    # history: the selected classes' records of other revisions; records of other classes (the sample's) are apart
+    history = [r for r in records if of_selection(r) and not (revision is None or r.get("revision") == revision)]
     return {
         **meta,
         "headline_revision": revision,
@@ -208,7 +213,7 @@ def summarize(
         "jobs_recorded": len(rows),
         "records_total": len(records),
         "records_headline": len(headline_all),
-        "records_outside_selection": sum(1 for r in headline_all if r["model_class"] not in chosen),
+        "records_outside_selection": sum(1 for r in records if not of_selection(r)),
         "records_history": len(history),
         "revisions_history": len({r.get("revision") for r in history}),
         "history_groups": _history_groups(records, selected),
@@ -492,11 +497,11 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"{summary.get('generative_classes_total', '?')} generative classes (one per model type). Every selected class "
         "is in every denominator of its mode: a class with no record in a group is counted `not run`.",
         f"- Headline revision: `{summary.get('headline_revision') or 'any (records name none)'}`"
-        f"{' (chosen with --headline-revision)' if summary.get('headline_revision_requested') else ' (the newest record' + chr(39) + 's)'}: "
+        f"{' (chosen with --headline-revision)' if summary.get('headline_revision_requested') else ' (the newest record' + chr(39) + 's among the selected classes)'}: "
         f"every figure below comes from its **{summary.get('records_headline', summary['jobs_recorded'])}** records "
         f"({summary['jobs_recorded']} jobs of selected classes; classes with a record: {summary['classes_run']} forward, "
         f"{summary.get('generation_classes_run', 0)} generation"
-        + (f"; {summary['records_outside_selection']} records of classes outside the selection not counted" if summary.get("records_outside_selection") else "")
+        + (f"; {summary['records_outside_selection']} records of classes outside the selection, the non-base sample's among them, count in no headline figure" if summary.get("records_outside_selection") else "")
         + f"). **{summary.get('records_history', 0)}** records of {summary.get('revisions_history', 0)} other revisions are kept as "
         "history only (last section).",
         f"- Versions: {', '.join(f'{k} {v}' for k, v in summary.get('versions', {}).items())}; this report written at code revision `{summary.get('revision', '?')}`.",

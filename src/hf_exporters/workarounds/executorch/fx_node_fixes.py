@@ -209,7 +209,7 @@ def _fix_cat_onto_empty_tensor_as_contiguous_copy(graph_module: torch.fx.GraphMo
     tensor. ExecuTorch's ``PruneEmptyTensorsPass`` drops the empty input, and the one-input ``cat`` is
     re-traced with ``key``'s permuted strides, so the lowering stops with "Cannot view a tensor with shape
     [2, 4, 8, 16] and strides (512, 16, 64, 1) as a tensor with shape (8, 8, 16)". A contiguous copy is
-    what ``cat`` returns in eager; the values are the same.
+    what ``cat`` returns in eager (in the dtype ``cat`` promotes to); the values are the same.
     Models: BloomModel, XGLMModel, LEDModel, MvpModel, SpeechT5Model, AutoformerModel, InformerModel,
         GPTNeoXJapaneseModel with the config's ``use_cache`` (executorch in the sweep).
     Upstream: executorch exir/passes/prune_empty_tensors_pass.py (leaves a one-input ``cat`` whose
@@ -225,9 +225,15 @@ def _fix_cat_onto_empty_tensor_as_contiguous_copy(graph_module: torch.fx.GraphMo
     value = node.meta.get("val")
     if not isinstance(value, torch.Tensor):
         return False
+    kept_value = kept[0].meta.get("val")
     with graph_module.graph.inserting_before(node):
-        copy = graph_module.graph.call_function(torch.ops.aten.clone.default, (kept[0],), {"memory_format": torch.contiguous_format})
-    copy.meta = dict(node.meta)  # the cat's value: the same sizes, contiguous
+        if isinstance(kept_value, torch.Tensor) and kept_value.dtype != value.dtype:  # cat promotes: (0,) float64 + float32
+            copy = graph_module.graph.call_function(
+                torch.ops.aten._to_copy.default, (kept[0],), {"dtype": value.dtype, "memory_format": torch.contiguous_format}
+            )
+        else:
+            copy = graph_module.graph.call_function(torch.ops.aten.clone.default, (kept[0],), {"memory_format": torch.contiguous_format})
+    copy.meta = dict(node.meta)  # the cat's value: the same sizes and dtype, contiguous
     node.replace_all_uses_with(copy)
     graph_module.graph.erase_node(node)
     return True
