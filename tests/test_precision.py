@@ -160,3 +160,15 @@ def test_the_cuda_recipe_without_a_gpu_is_refused_by_stage_1_not_by_the_cast(tmp
     assert caught.value.stage == "Stage 1: Backend preparation"
     assert caught.value.detail.startswith("RuntimeError: the ExecuTorch 'cuda' backend needs a CUDA GPU, and none is available here")
     assert model.embeddings.word_embeddings.weight.device.type == "cpu" and not (tmp_path / "out").exists()
+
+
+def test_a_bfloat16_model_on_the_portable_recipe_gets_the_bfloat16_tolerance(tmp_path):
+    """Without --dtype, a model already in bfloat16 (a bfloat16 checkpoint) is checked within bfloat16's tolerance."""
+    model, inputs = _tiny_bert()
+    model.to(torch.bfloat16)
+    manifest = export_to_folder(model, inputs, "executorch", tmp_path / "out", recipe="portable")
+    with torch.no_grad():
+        scale = float(model(**inputs).last_hidden_state.float().abs().max())
+    assert manifest["atol"] == pytest.approx(1e-3 + DTYPE_RTOL[torch.bfloat16] * scale)
+    assert manifest["outputs"][0]["dtype"] == "bfloat16"
+    assert manifest["parity"][0]["ok"] and 0 < manifest["parity"][0]["max_abs_diff"] <= manifest["atol"]

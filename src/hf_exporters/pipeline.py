@@ -28,7 +28,7 @@ from .deps import require
 from .errors import ExportStageError, HfExportersError, InputError, ParityError
 from .exporters._common import blamed_line, first_line
 from .folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder  # noqa: F401  (MANIFEST_NAME re-exported)
-from .precision import cast_for_export, cast_to_executorch_backend, dtype_name, dtype_tolerance, parse_dtype
+from .precision import DTYPE_RTOL, cast_for_export, cast_to_executorch_backend, dtype_name, dtype_tolerance, parse_dtype
 from .runtime import check_parity, eager_outputs, resized_inputs
 from .runtime.embedding_accuracy import check_embedding_accuracy, sentence_batches
 from .shapes import is_symbolic, tensor_leaves
@@ -404,7 +404,8 @@ def export_to_folder(
     in place and the floating ``inputs`` before the export (:mod:`hf_exporters.precision`); the manifest
     records it under ``dtype``. Without ``dtype``, an ExecuTorch model is cast in place to what its backend computes
     in (:func:`~hf_exporters.precision.cast_to_executorch_backend`: a bfloat16 model exported with XNNPACK is
-    checked as float32). A reduced-precision artifact is checked against eager in its dtype and, when
+    checked as float32); a model whose parameters all are in a reduced precision is checked, without ``atol``, within
+    that dtype's tolerance. A reduced-precision artifact is checked against eager in its dtype and, when
     the model was float32, against float32 eager on ``inputs`` (``parity_float32``), each within the backend's
     tolerance plus ``DTYPE_RTOL`` times the largest output; an ONNX artifact onnxruntime's CPU provider has no
     kernel for is refused here, validated or not.
@@ -453,6 +454,10 @@ def export_to_folder(
             tolerance = dtype_tolerance(torch_dtype, exporter.default_atol, eager_outputs(model, inputs))
     if backend == "executorch" and torch_dtype is None:
         cast_to_executorch_backend(model, getattr(config, "backend", None))  # eager computes as the program does
+    held = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if torch_dtype is None and atol is None and len(held) == 1 and DTYPE_RTOL.get(next(iter(held)), 0.0) > 0:
+        # a checkpoint already in a reduced precision (a bfloat16 checkpoint on --recipe portable) gets its dtype's tolerance
+        tolerance = dtype_tolerance(next(iter(held)), exporter.default_atol, eager_outputs(model, inputs))
     sentences = None
     if quantize is None and quantize_embeddings is not None:  # embeddings alone: checked on sentences as well
         sentences = _sentence_batches(model, preprocessor, inputs, dynamic, quantize_embeddings, validate, "--qembedding")
