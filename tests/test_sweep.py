@@ -1150,3 +1150,20 @@ def test_an_unknown_class_set_is_a_usage_error(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "--classes: unknown bogus; choose from base, all, sample" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_inputs_for_an_x_vector_head_are_long_enough_for_its_time_delay_layers() -> None:
+    from hf_exporters.sweep.inputs import AUDIO_SAMPLES, build_inputs
+
+    config = transformers.Wav2Vec2Config(
+        vocab_size=32, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(10, 20), conv_kernel=(10, 20), num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2,
+        tdnn_dim=(16, 16, 16), tdnn_kernel=(5, 3, 3), tdnn_dilation=(1, 2, 3), xvector_output_dim=8,
+    )
+    torch.manual_seed(0)
+    head, base = transformers.Wav2Vec2ForXVector(config).eval(), transformers.Wav2Vec2Model(config).eval()
+    inputs = build_inputs(head)
+    assert inputs["input_values"].shape == (2, (1 + 4 + 4 + 6 + 4) * 200)  # frames the time-delay layers take, by the strides' 200
+    assert build_inputs(base)["input_values"].shape == (2, AUDIO_SAMPLES)  # the base model keeps the common length
+    with torch.no_grad():
+        assert head(**inputs).embeddings.shape == (2, 8)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 import torch
@@ -307,7 +308,8 @@ def _waveform(model: torch.nn.Module, config: Any, generator: torch.Generator) -
     - a first layer that is a ``Linear`` reading ``hidden_size`` (no waveform front end: an encoder fed hidden
       states): ``(batch, 8, hidden_size)``;
     - otherwise raw audio ``(batch, 3200)``, rounded up to whole tokens for a config with ``samples_per_token`` (its
-      feature extractor pads the waveform so).
+      feature extractor pads the waveform so), and long enough for the frames an x-vector head's time-delay layers
+      (``tdnn_kernel``, ``tdnn_dilation``) take after the feature extractor's strides.
     """
     configs = _configs(config)
     channels = next((c.audio_channels for c in configs if _get(c, "audio_channels") is not None), None)
@@ -324,7 +326,13 @@ def _waveform(model: torch.nn.Module, config: Any, generator: torch.Generator) -
     if isinstance(layer, torch.nn.Linear) and hidden and layer.in_features == hidden:
         return torch.randn(BATCH, SEQ, int(hidden), generator=generator)
     per_token = int(_get(config, "samples_per_token", default=1))
-    return torch.randn(BATCH, -(-AUDIO_SAMPLES // per_token) * per_token, generator=generator)
+    samples = AUDIO_SAMPLES
+    kernels, dilations = _get(config, "tdnn_kernel"), _get(config, "tdnn_dilation")
+    if kernels and dilations and type(model).__name__.endswith("ForXVector"):  # its time-delay layers need this many frames
+        frames = 1 + sum(int(d) * (int(k) - 1) for k, d in zip(kernels, dilations))
+        stride = math.prod(int(v) for v in (_get(config, "conv_stride") or [1]))
+        samples = max(samples, (frames + 4) * stride)
+    return torch.randn(BATCH, -(-samples // per_token) * per_token, generator=generator)
 
 
 def _seeded_draws(model: torch.nn.Module, config: Any, inputs: dict[str, Any], names: set[str], generator: torch.Generator) -> None:
