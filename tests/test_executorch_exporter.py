@@ -1238,15 +1238,16 @@ class _ReassignedTable(torch.nn.Module):
         return self.table[positions] * 2
 
 
-def test_a_mutated_buffer_keeps_its_initial_value(tmp_path):
+def test_patch_initial_values_of_mutated_buffers(tmp_path):
     """ExecuTorch serialises a mutated buffer without its data unless asked to keep it: the program read
     uninitialised memory where the model reads its table."""
-    from hf_exporters.exporters.executorch import initialized_mutable_buffers
+    from hf_exporters.workarounds.executorch.mutable_buffers import initialized_mutable_buffers
 
     model, inputs = _ReassignedTable().eval(), {"positions": torch.tensor([[0, 5, 2]])}
     exporter = ExecutorchExporter()
     result = exporter.run(model, inputs)
     assert initialized_mutable_buffers(result.program.exported_program()) == ["b_table"]
+    assert "_patch_initial_values_of_mutated_buffers" in [w.func.__name__ for w in result.workarounds_fired]
     runner = exporter.load_runner(exporter.save(result.program, tmp_path))
     (report,) = check_parity(model, runner, [inputs], atol=0)
     assert report.ok and report.max_abs_diff == 0

@@ -65,7 +65,8 @@ def cast_for_export(model: torch.nn.Module, inputs: dict[str, Any], dtype: torch
     return _cast_tree(inputs, dtype)
 
 
-#: ExecuTorch backend -> (device type, dtype) its program computes in when no dtype is asked for
+#: ExecuTorch backend -> (device type, dtype) its program computes in when no dtype is asked for (the backends'
+#: Stage 1 moves the model there: :mod:`hf_exporters.workarounds.executorch.backends`)
 EXECUTORCH_COMPUTES: dict[str, tuple[str, torch.dtype]] = {"xnnpack": ("cpu", torch.float32), "cuda": ("cuda", torch.bfloat16)}
 
 

@@ -56,34 +56,6 @@ def _operator_name(target: Any) -> str:
     return parts[-2] if len(parts) >= 3 else parts[-1]
 
 
-def initialized_mutable_buffers(exported: torch.export.ExportedProgram) -> list[str]:
-    """The placeholder names of the buffers ``exported`` mutates whose initial value has a nonzero element: the
-    buffers whose initial state the program must keep.
-
-    Pattern: a forward that reassigns a buffer it then reads, ``self.pos_encoding = self.pos_encoding.to(dtype)``
-    (traced as a mutation of the buffer). ExecuTorch serialises a mutated buffer without its data ("ExecuTorch
-    assumes buffers that are mutated in the graph have a meaningless initial state") unless its placeholder is
-    marked with ``InitializedMutableBufferPass``, so the program read uninitialised memory where the model reads
-    its table: CTRLModel's last hidden state differed from eager by 3.7, on XNNPACK and portable alike. Buffers
-    whose initial value is all zeros (a cache held in the program) stay uninitialised, as before: the program
-    writes them before it reads them.
-    Models: CTRLModel (executorch in the sweep).
-    Upstream: executorch exir/emit/_emitter.py (mutable buffers emitted without data unless ``et_init_buffer``)
-    Remove when: ExecuTorch keeps the initial state of every mutated buffer."""
-    signature = exported.graph_signature
-    mutated = set(signature.buffers_to_mutate.values())
-    names = []
-    for placeholder, target in signature.inputs_to_buffers.items():
-        if target not in mutated:
-            continue
-        value = exported.state_dict.get(target)
-        if value is None:
-            value = exported.constants.get(target)
-        if isinstance(value, torch.Tensor) and value.numel() and bool(value.count_nonzero() > 0):
-            names.append(placeholder)
-    return names
-
-
 def input_index_bounds(exported: torch.export.ExportedProgram) -> list[int]:
     """``[position, size, kind, ...]``: every user input that indexes a tensor, directly or through operators
     that only move or cast its values (views, copies, slices, dtype casts), with its position among the
@@ -428,16 +400,8 @@ class ExecutorchExporter(DynamoExporter):
                     static = input_static_axes(edge.exported_program(name))
                     if static:
                         edge._config_methods[static_axes_method(name)] = static
-            # the mutated buffers whose initial value the program reads (see initialized_mutable_buffers)
-            initialized = sorted({n for name in programs for n in initialized_mutable_buffers(edge.exported_program(name))})
             with stage(self.name, SERIALISATION, shared):
-                if initialized:
-                    from executorch.exir.capture._config import ExecutorchBackendConfig
-                    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
-
-                    manager = edge.to_executorch(ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(initialized)]))
-                else:
-                    manager = edge.to_executorch()
+                manager = edge.to_executorch()
         partitions = delegated_partitions(manager)
         return {
             name: dataclasses.replace(

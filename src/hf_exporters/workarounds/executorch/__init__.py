@@ -8,6 +8,7 @@ Each workaround declares its stage where it is registered; the modules:
 - ``moe``: Stage 2, transformers' experts implementations ExecuTorch cannot run.
 - ``reduced_precision``: Stage 2, float16 and bfloat16 normalisations computed in float32.
 - ``executorch_patches``: Stage 3, ExecuTorch internals that break on valid dynamic-shape graphs.
+- ``mutable_buffers``: Stage 3, mutated buffers whose initial value the program reads, kept in the program.
 - ``lowering_speed``: Stage 3, lowering steps skipped where they would find nothing to do (pinned to executorch 1.4).
 - ``xnnpack_partitions``: Stage 3, decompositions that keep attention and LayerNorm inside XNNPACK partitions.
 - ``xnnpack_layout``: Stage 3, operators XNNPACK's channels-last layout pass must give their input in NCHW.
@@ -21,6 +22,7 @@ from . import executorch_patches as _executorch_patches  # noqa: F401
 from . import fx_node_fixes as _fx_node_fixes  # noqa: F401
 from . import fx_program_fixes as _fx_program_fixes  # noqa: F401
 from . import moe as _moe  # noqa: F401
+from . import mutable_buffers as _mutable_buffers  # noqa: F401
 from . import lowering_speed as _lowering_speed  # noqa: F401
 from . import reduced_precision as _reduced_precision  # noqa: F401
 from . import torch_patches as _torch_patches  # noqa: F401

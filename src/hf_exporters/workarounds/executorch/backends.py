@@ -14,6 +14,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ...deps import require
+from ...precision import EXECUTORCH_COMPUTES
 from ...pytree import register_model_pytrees
 from ...registry import register_executorch_backend
 
@@ -53,7 +54,8 @@ def prepare_for_xnnpack(model: torch.nn.Module, inputs: dict[str, Any]) -> tuple
     """
     partition = require("executorch.backends.xnnpack.partition.xnnpack_partitioner", "The ExecuTorch XNNPACK backend")
     asked = getattr(model, "hfx_export_dtype", None)  # set by --dtype (hf_exporters.precision.cast_for_export)
-    model, inputs = _moved(model, inputs, "cpu", torch.float16 if asked == torch.float16 else torch.float32)
+    device, dtype = EXECUTORCH_COMPUTES["xnnpack"]
+    model, inputs = _moved(model, inputs, device, torch.float16 if asked == torch.float16 else dtype)
     return model, inputs, [partition.XnnpackPartitioner()]
 
 
@@ -88,6 +90,6 @@ def prepare_for_cuda(model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[to
         )
     partition = require("executorch.backends.cuda.cuda_partitioner", "The ExecuTorch CUDA backend")
     backend = require("executorch.backends.cuda.cuda_backend", "The ExecuTorch CUDA backend")
-    model, inputs = _moved(model, inputs, "cuda", torch.bfloat16)
+    model, inputs = _moved(model, inputs, *EXECUTORCH_COMPUTES["cuda"])
     specs = [backend.CudaBackend.generate_method_name_compile_spec("forward")]
     return model, inputs, [partition.CudaPartitioner(specs)]
