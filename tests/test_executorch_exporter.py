@@ -1280,6 +1280,46 @@ def test_patch_xnnpack_softmax_in_model_layout(tmp_path):
     assert report.ok and report.max_abs_diff < 1e-5 and [leaf.shape for leaf in report.leaves] == [(2, 4, 4, 16)] * 2
 
 
+class _OutputAndItsContiguousCopy(torch.nn.Module):
+    """A projection transposed, returned as it is and as a contiguous copy (PeAudioEncoder's pattern): XNNPACK's
+    passes drop the copy, and the partition then returns one value at two output positions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.proj(x).permute(0, 2, 1)
+        return y, y.contiguous()
+
+
+def test_patch_xnnpack_repeated_partition_outputs(tmp_path):
+    model, inputs = _OutputAndItsContiguousCopy().eval(), {"x": _x(2, 4, 8)}
+    report = _refused_without_then_parity(
+        model, inputs, "_patch_xnnpack_repeated_partition_outputs", "Output node 'aten_permute_copy_default' is already in the inputs", tmp_path, atol=1e-6
+    )
+    assert report.ok and report.max_abs_diff < 1e-6 and [leaf.shape for leaf in report.leaves] == [(2, 8, 4)] * 2
+
+
+class _TensorsAndSizes(torch.nn.Module):
+    """Returns its input's sizes between two tensors, as MaskFormerSwin returns its spatial dimensions: ints the
+    trace makes constant outputs of the program."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, object]:
+        return {"doubled": x * 2, "sizes": (x.shape[1], x.shape[2]), "shifted": x + 1}
+
+
+def test_the_runner_returns_the_output_tensors_only(tmp_path):
+    model, inputs = _TensorsAndSizes(), {"x": _x(2, 3, 4)}
+    exporter = ExecutorchExporter()
+    runner = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path))
+    outputs = runner(inputs)
+    assert [tuple(o.shape) for o in outputs] == [(2, 3, 4), (2, 3, 4)]
+    torch.testing.assert_close(outputs[1], inputs["x"] + 1, rtol=0, atol=0)
+    (report,) = check_parity(model, runner, [inputs], atol=1e-6)
+    assert report.ok and [leaf.name for leaf in report.leaves] == ["doubled", "shifted"]
+
+
 class _FirstUpdateInDouble(torch.nn.Module):
     """``cat`` of a float64 empty tensor and float32 keys: eager promotes to float64."""
 

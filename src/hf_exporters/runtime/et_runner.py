@@ -413,6 +413,9 @@ class ExecutorchRunner:
     def __call__(self, inputs: dict[str, Any]) -> list[torch.Tensor]:
         """Run the method on ``inputs``.
 
+        Returns:
+            the program's output tensors in flatten order (outputs that are not tensors are left out).
+
         Raises:
             InputError: an input is not a tensor or a Python number, the number of inputs or an input's dtype is not
                 the program's, an input that indexes a tensor (an embedding table, a cache held in the program)
@@ -434,5 +437,7 @@ class ExecutorchRunner:
 
             self._log = tempfile.TemporaryFile()  # the runtime's log of one call; reused by every call
         outputs = execute_logging_failures(self.method, flat, self._log)[self.skip_outputs :]
-        # Output tensors may alias the method's planned memory: copy them out before the next run.
-        return [o.clone() if isinstance(o, torch.Tensor) else torch.as_tensor(o) for o in outputs]
+        # Output tensors may alias the method's planned memory: copy them out before the next run. A non-tensor
+        # output (an int or a size the trace made a constant, MaskFormerSwin's spatial dimensions) is not a tensor
+        # leaf of eager's output, and the other runners leave it out too.
+        return [o.clone() for o in outputs if isinstance(o, torch.Tensor)]

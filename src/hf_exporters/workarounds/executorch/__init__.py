@@ -12,6 +12,7 @@ Each workaround declares its stage where it is registered; the modules:
 - ``lowering_speed``: Stage 3, lowering steps skipped where they would find nothing to do (pinned to executorch 1.4).
 - ``xnnpack_partitions``: Stage 3, decompositions that keep attention and LayerNorm inside XNNPACK partitions.
 - ``xnnpack_layout``: Stage 3, operators XNNPACK's channels-last layout pass must give their input in NCHW.
+- ``xnnpack_outputs``: Stage 3, partition outputs XNNPACK cannot number twice, given a copy each.
 - ``fx_program_fixes``: Stage 4, repairs of the whole traced program.
 - ``fx_node_fixes``: Stage 5, single-node rewrites.
 """
@@ -27,4 +28,5 @@ from . import lowering_speed as _lowering_speed  # noqa: F401
 from . import reduced_precision as _reduced_precision  # noqa: F401
 from . import torch_patches as _torch_patches  # noqa: F401
 from . import xnnpack_layout as _xnnpack_layout  # noqa: F401
+from . import xnnpack_outputs as _xnnpack_outputs  # noqa: F401
 from . import xnnpack_partitions as _xnnpack_partitions  # noqa: F401
