@@ -36,6 +36,7 @@ def test_export_embedded_minilm_dynamic(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "export.json", "model.pt2", "tokenizer.json", "tokenizer_config.json"]
     manifest = json.loads((out / "export.json").read_text())
     assert manifest["backend"] == "dynamo" and manifest["schema_version"] == 1
+    assert manifest["source_model"] == str(default_model_path().resolve()) and manifest["trust_remote_code"] is False
     assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "token_type_ids", "attention_mask"]
     assert [o["name"] for o in manifest["outputs"]] == ["last_hidden_state", "pooler_output"]
     assert manifest["dynamic_axes"] == {"input_ids": [0, 1], "token_type_ids": [0, 1], "attention_mask": [0, 1]}

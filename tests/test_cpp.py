@@ -108,8 +108,8 @@ def test_int8_embedding_lookups_run_in_the_cpp_runtime(tmp_path):
     ids = torch.randint(0, 512, (2, 6), generator=torch.Generator().manual_seed(0))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     folder = tmp_path / "qembedding-pte"
-    manifest = export_to_folder(model, inputs, "executorch", folder, quantize_embeddings="8w", validate=False)
-    assert manifest["executorch"]["embedding_lookups"] == 1
+    manifest = export_to_folder(model, inputs, "executorch", folder, quantize_embeddings="8w", validate=False, max_seq_len=12)
+    assert manifest["executorch"]["embedding_lookups"] == 1 and manifest["max_seq_len"] == 12
     python = ExecutorchRunner(folder / "model.pte")(inputs)
     names = [o["name"] for o in manifest["outputs"]]
     save_file({spec["name"]: inputs[spec["name"]].contiguous() for spec in manifest["inputs"]}, tmp_path / "in.safetensors")

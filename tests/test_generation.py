@@ -402,6 +402,7 @@ def test_folder_contents(llama_folder):
     folder, manifest = llama_folder
     names = {p.name for p in folder.iterdir()}
     assert {"export.json", "config.json", "generation_config.json", "prefill", "decode"} <= names
+    assert manifest["source_model"] is None and manifest["trust_remote_code"] is False  # a model object, not a checkpoint
     decode = manifest["parts"]["decode"]
     assert decode["role"] == "decode" and decode["file"] == "decode/model.pt2"
     assert decode["cache"]["kind"] == "dynamic" and decode["cache"]["layers"] == 2

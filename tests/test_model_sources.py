@@ -147,6 +147,7 @@ def test_custom_code_exports_with_trust_remote_code(custom_code_checkpoint, tmp_
     assert code == 0, output
     manifest = json.loads((out / "export.json").read_text())
     assert manifest["model_class"] == "HfxTinyModel" and manifest["task"] == "feature-extraction"
+    assert manifest["source_model"] == str(custom_code_checkpoint.resolve()) and manifest["trust_remote_code"] is True
     assert manifest["parity"][0]["max_abs_diff"] < 1e-5
     assert manifest["outputs"][0]["name"] == "last_hidden_state"
 

@@ -278,6 +278,8 @@ def _export(
             dtype=dtype,
             group_size=group_size,
             quantize_embeddings=qembedding,
+            source_model=str(path.resolve()),
+            trust_remote_code=trust_remote_code,
         )
     except HfExportersError as error:
         _fail(str(error))

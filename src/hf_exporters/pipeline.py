@@ -383,6 +383,8 @@ def export_to_folder(
     dtype: str | None = None,
     group_size: int | None = None,
     quantize_embeddings: str | None = None,
+    source_model: str | None = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """Export ``model`` with ``backend`` into the folder ``output`` and return the manifest written there.
 
@@ -409,6 +411,9 @@ def export_to_folder(
     the model was float32, against float32 eager on ``inputs`` (``parity_float32``), each within the backend's
     tolerance plus ``DTYPE_RTOL`` times the largest output; an ONNX artifact onnxruntime's CPU provider has no
     kernel for is refused here, validated or not.
+
+    ``source_model`` (the checkpoint folder the model was loaded from) and ``trust_remote_code`` (whether its own
+    code was run to load it) are recorded as given; ``max_seq_len`` (executorch) under ``max_seq_len``.
 
     With ``validate``, the saved artifact is run in its runtime on ``inputs`` and, when dynamic, on a
     second input set of other sizes; a difference beyond ``atol`` (default: the backend's) fails.
@@ -519,12 +524,15 @@ def export_to_folder(
                 "recipe": getattr(config, "backend", None),
                 "task": task,
                 "model_class": type(model).__name__,
+                "source_model": source_model,
+                "trust_remote_code": trust_remote_code,
                 "artifact": artifact.name,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "versions": library_versions(),
                 "inputs": describe_tensors(tensor_leaves(inputs)),
                 "outputs": _outputs_entry(exporter, program, eager_outputs(model, inputs)),
                 "dynamic": dynamic,
+                **({"max_seq_len": getattr(config, "max_seq_len", None)} if hasattr(config, "max_seq_len") else {}),
                 "dynamic_axes": dynamic_axes(ep, inputs) if ep is not None else {},
                 "static_axes": [a.as_json() for a in result.static_axes],
                 "constrained_axes": [a.as_json() for a in result.constrained_axes],

@@ -82,6 +82,7 @@ class GenerationArtifacts(dict):
         overwrite: bool = True,
         source_model: str | None = None,
         aoti: bool = False,
+        trust_remote_code: bool = False,
     ) -> dict[str, Any]:
         """Write every part's file (``<part>/<artifact name>``), ``config.json``, ``generation_config.json``,
         the tokenizer or processor files (when ``preprocessor`` is given) and ``export.json``.
@@ -93,7 +94,8 @@ class GenerationArtifacts(dict):
         the fixed prompt set tokenized by ``preprocessor``: next-token top-1 agreement and KL divergence
         against float32 eager (:func:`~hf_exporters.generation.accuracy.check_generation_accuracy`,
         recorded as the manifest's ``accuracy``; each part's ``parity`` is then None).
-        The folder is written beside the target and moved into place at the end.
+        The folder is written beside the target and moved into place at the end. ``source_model`` (the checkpoint
+        folder) and ``trust_remote_code`` (whether its own code was run to load it) are recorded as given.
 
         With ``aoti`` (dynamo only), each part is also compiled into an AOTInductor package
         (``<part>/model.aoti.pt2``, the part's ``aoti_package`` in the manifest) for the C++ runner, and
@@ -200,6 +202,7 @@ class GenerationArtifacts(dict):
                     # token ids are in [0, vocab_size): the rows of the input embedding table (readers refuse others)
                     "vocab_size": _embedding_rows(self.model),
                     "source_model": source_model,
+                    "trust_remote_code": trust_remote_code,
                     "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "versions": library_versions(),
                     "parts": parts_manifest,
@@ -571,5 +574,6 @@ def export_generation_folder(
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     artifacts = export_for_generation(exporter, model, inputs, exporter_config, kv_cache=kv_cache, custom_sdpa=custom_sdpa)
     return artifacts.save_pretrained(
-        out, preprocessor=preprocessor, validate=validate, overwrite=overwrite, source_model=str(path.resolve()), aoti=aoti
+        out, preprocessor=preprocessor, validate=validate, overwrite=overwrite, source_model=str(path.resolve()), aoti=aoti,
+        trust_remote_code=trust_remote_code,
     )
