@@ -443,6 +443,33 @@ def test_fix_sdpa_mask_over_query_rows(tmp_path: Path, dynamic: bool) -> None:
     assert all(r.ok and r.max_abs_diff < 1e-5 for r in reports) and len(reports) == len(sets)
 
 
+class _CrossAttentionSplitByDecoderBatch(torch.nn.Module):
+    """Cross-attention whose encoder states are split into heads, then regrouped by the decoder's batch: with
+    dynamic shapes the two batch axes are two symbols, and the key's heads axis is traced as ``4 * b2 // b``."""
+
+    def forward(self, hidden: torch.Tensor, encoder: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = hidden.shape
+        q = hidden.view(batch, length, 4, 8).transpose(1, 2)
+        k = encoder.view(encoder.shape[0], encoder.shape[1], 4, 8).transpose(1, 2).reshape(batch, -1, encoder.shape[1], 8)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, k)
+
+
+def test_fix_sdpa_key_heads_to_query_heads(tmp_path: Path) -> None:
+    generator = torch.Generator().manual_seed(0)
+    inputs = {"hidden": torch.randn(2, 5, 32, generator=generator), "encoder": torch.randn(2, 7, 32, generator=generator)}
+    config = OnnxConfig(dynamic_shapes=auto_dynamic_shapes(inputs))
+    exporter = OnnxExporter()
+    with without_workarounds("_fix_sdpa_key_heads_to_query_heads"):
+        with pytest.raises(ExportStageError, match=re.escape("SDPA (MHA) requires q_num_heads = kv_num_heads")):
+            exporter.export(_CrossAttentionSplitByDecoderBatch(), inputs, config)
+    result = exporter.run(_CrossAttentionSplitByDecoderBatch(), inputs, config)
+    assert [w.target for w in result.workarounds_fired].count("_fix_sdpa_key_heads_to_query_heads") == 1
+    path = exporter.save(result.program, tmp_path / "with")
+    sets = [inputs, {"hidden": inputs["hidden"][:, :3], "encoder": torch.randn(2, 4, 32, generator=generator)}]
+    reports = check_parity(_CrossAttentionSplitByDecoderBatch(), exporter.load_runner(path), sets, atol=1e-5)
+    assert all(r.ok and r.max_abs_diff < 1e-5 for r in reports) and len(reports) == 2
+
+
 def test_view_to_size_zero_axis_keeps_allowzero(tmp_path: Path) -> None:
     class EmptyPart(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

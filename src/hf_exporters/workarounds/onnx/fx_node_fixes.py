@@ -234,6 +234,47 @@ def _fix_sdpa_mask_over_query_rows(gm: torch.fx.GraphModule, node: torch.fx.Node
     return True
 
 
+@registry.register_fx_node_fix("onnx")
+def _fix_sdpa_key_heads_to_query_heads(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Reshape a key or value whose heads axis the trace left symbolic to the query's static head count, in an SDPA
+    without ``enable_gqa`` (where the two counts are equal whenever the model runs).
+
+    Pattern: cross-attention that splits the encoder's states into heads with ``view(batch, -1, heads, head_dim)``
+    where ``batch`` is the decoder's batch: with dynamic shapes the encoder's and the decoder's batch are two
+    symbols the trace never ties, and the key's heads axis is traced as ``(4 * s6) // s11`` (equal to 4 at run time,
+    as eager requires). torch.onnx's opset-23 translation refuses the SDPA: "SDPA (MHA) requires q_num_heads =
+    kv_num_heads". A ``reshape`` to (batch, query heads, length, head_dim) names the count the model computes with.
+    Models: CohereAsrModel, CanaryModel (onnx dynamic in the sweep).
+    Upstream: torch onnx/_internal/exporter/_torchlib/ops/nn.py ``aten_scaled_dot_product_attention_23`` (compares
+        the head axes' symbols, not their values); no report found
+    Remove when: the translation accepts a symbolic key heads axis (or emits ``Attention`` with the count it
+        reads at run time).
+    """
+    if node.target is not aten.scaled_dot_product_attention.default or node.kwargs.get("enable_gqa", False):
+        return False
+    query = _val(node.args[0])
+    if query is None or query.dim() != 4 or not isinstance(query.shape[1], int):
+        return False
+    heads = query.shape[1]
+    graph = gm.graph
+    replaced = list(node.args)
+    for position in (1, 2):
+        tensor = _val(node.args[position])
+        if tensor is None or tensor.dim() != 4 or isinstance(tensor.shape[1], int):
+            continue
+        with graph.inserting_before(node):
+            sizes = [
+                size if isinstance(size, int) else _insert(graph, aten.sym_size.int, (node.args[position], axis), None, size, node)
+                for axis, size in ((0, tensor.shape[0]), (2, tensor.shape[2]), (3, tensor.shape[3]))
+            ]
+            value = tensor.new_empty((tensor.shape[0], heads, tensor.shape[2], tensor.shape[3]))
+            replaced[position] = _insert(graph, aten.reshape.default, (node.args[position], [sizes[0], heads, sizes[1], sizes[2]]), None, value, node)
+    if replaced == list(node.args):
+        return False
+    node.args = tuple(replaced)
+    return True
+
+
 def _known_not_one(size: Any) -> bool:
     """Whether an axis size is known not to be 1: a static size, or a symbolic one whose range excludes 1."""
     if isinstance(size, int):
