@@ -1280,6 +1280,34 @@ def test_patch_xnnpack_softmax_in_model_layout(tmp_path):
     assert report.ok and report.max_abs_diff < 1e-5 and [leaf.shape for leaf in report.leaves] == [(2, 4, 4, 16)] * 2
 
 
+class _PReLUOverTokens(torch.nn.Module):
+    """A feed-forward layer with ``nn.PReLU`` over (batch, tokens, features), as DAB-DETR's encoder has it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 16)
+        self.act = torch.nn.PReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(x))
+
+
+def test_patch_xnnpack_prelu_on_4d_inputs(tmp_path):
+    model, inputs = _PReLUOverTokens().eval(), {"x": _x(2, 4, 8)}
+    with torch.no_grad():
+        model.act.weight.fill_(0.25)  # a slope that is not PReLU's default, so the negative side is checked
+    report = _refused_without_then_parity(
+        model, inputs, "_patch_xnnpack_prelu_on_4d_inputs", "An error occurred when running the 'ChannelsLastTaggedReshapePass' pass",
+        tmp_path, atol=1e-6,
+    )
+    assert report.ok and report.max_abs_diff < 1e-6
+    # over a 4-D input XNNPACK still runs it: a convolution, then PReLU, in one partition
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.PReLU(4)).eval()
+    result = ExecutorchExporter().run(conv, {"input": _x(1, 3, 8, 8)})
+    assert result.partitions == {"forward": 1}
+    assert not [n for n in result.program.exported_program().graph.nodes if "prelu" in str(n.target) or "where" in str(n.target)]
+
+
 class _OutputAndItsContiguousCopy(torch.nn.Module):
     """A projection transposed, returned as it is and as a contiguous copy (PeAudioEncoder's pattern): XNNPACK's
     passes drop the copy, and the partition then returns one value at two output positions."""

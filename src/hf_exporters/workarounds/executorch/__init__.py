@@ -11,7 +11,8 @@ Each workaround declares its stage where it is registered; the modules:
 - ``mutable_buffers``: Stage 3, mutated buffers whose initial value the program reads, kept in the program.
 - ``lowering_speed``: Stage 3, lowering steps skipped where they would find nothing to do (pinned to executorch 1.4).
 - ``xnnpack_partitions``: Stage 3, decompositions that keep attention and LayerNorm inside XNNPACK partitions.
-- ``xnnpack_layout``: Stage 3, operators XNNPACK's channels-last layout pass must give their input in NCHW.
+- ``xnnpack_layout``: Stage 3, operators XNNPACK's channels-last layout pass must give their input in NCHW, and
+  ``prelu`` claimed over 4-D inputs only.
 - ``xnnpack_outputs``: Stage 3, partition outputs XNNPACK cannot number twice, given a copy each.
 - ``fx_program_fixes``: Stage 4, repairs of the whole traced program.
 - ``fx_node_fixes``: Stage 5, single-node rewrites.

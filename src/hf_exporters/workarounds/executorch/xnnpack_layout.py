@@ -3,7 +3,7 @@
 XNNPACK runs convolutions and pooling in NHWC. Its ``ChannelsLastTaggedReshapePass`` converts a 4-D tensor to
 NHWC before the operators it lists as needing it, back to NCHW before those it lists as needing that, and lets
 every other operator run on whichever layout its input has. An operator that reads an axis by number is only
-right in the layout that number refers to.
+right in the layout that number refers to, and an operator listed as needing NHWC can only be given a 4-D input.
 """
 
 from __future__ import annotations
@@ -37,3 +37,31 @@ def _patch_xnnpack_softmax_in_model_layout(original: Any) -> Any:
     from executorch.exir.dialects._ops import ops as exir_ops
 
     return {*original, exir_ops.edge.aten._softmax.default, exir_ops.edge.aten._log_softmax.default}
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack.partition.config.node_configs.PreluConfig.check_constraints",
+    stage="Stage 3: ExecuTorch patches",
+)
+def _patch_xnnpack_prelu_on_4d_inputs(original: Any) -> Any:
+    """XNNPACK claims ``prelu`` only over a 4-D input; any other is decomposed by the lowering (a select between the
+    input and its product with the slope), whose operators XNNPACK or the portable kernels run.
+
+    Pattern: ``nn.PReLU`` applied to a sequence, ``prelu(linear(x))`` over (batch, tokens, features): DAB-DETR's
+    encoder feed-forward (``activation_function="prelu"``). The layout pass lists ``prelu`` among the operators that
+    need NHWC and stops on its 3-D input: "AssertionError: Attempting to convert non-NHWC compatible node to NHWC"
+    (raised from ``ChannelsLastTaggedReshapePass``), so the whole lowering failed.
+    Models: DabDetrModel (executorch static in the sweep).
+    Upstream: executorch backends/xnnpack/partition/config/node_configs.py (``PreluConfig`` does not check the
+        input's rank, which ``_passes/channels_last_tagged_reshape_pass.py`` requires); no report found
+    Remove when: XNNPACK's partitioner refuses a ``prelu`` it cannot lay out in NHWC, or lowers one of any rank.
+    """
+
+    def check_constraints(self: Any, node: Any, ep: Any) -> bool:
+        value = node.all_input_nodes[0].meta.get("val") if node.all_input_nodes else None
+        if getattr(value, "dim", None) is not None and value.dim() != 4:
+            return False
+        return original(self, node, ep)
+
+    return check_constraints
