@@ -379,6 +379,9 @@ def test_the_non_base_sample_is_seeded_and_holds_no_base_class() -> None:
     assert len(sample) == classes.SAMPLE_SIZE == 400
     assert sample == classes.nonbase_sample() and sample != classes.nonbase_sample(seed=classes.SAMPLE_SEED + 1)
     assert not set(sample) & set(base) and set(sample) <= set(classes.all_classes())
+    generative = classes.generative_sample()
+    assert len(generative) == classes.GENERATIVE_SAMPLE_SIZE == 100 and set(generative) <= set(classes.generative_classes())
+    assert generative == classes.generative_sample() and generative != classes.generative_sample(seed=classes.SAMPLE_SEED + 1)
 
 
 def _tiny_bert_config(**fields: object) -> transformers.BertConfig:
@@ -441,6 +444,24 @@ def test_the_sample_is_reported_with_a_wilson_interval_at_its_own_revision() -> 
     (onnx,) = [g for g in sample["groups"] if (g["engine"], g["backend"]) == ("ours", "onnx")]
     assert (onnx["pass"], onnx["fail"], onnx["run"], onnx["not_run"], onnx["pass_rate_of_run"]) == (1, 1, 2, 1, 0.5)
     assert onnx["interval_95"] == [round(v, 4) for v in report.wilson_interval(1, 2)]
+    assert "generation" not in sample  # a sample without generation classes
+    generation = [
+        {**_record("ours", "executorch", False, "G1", "pass"), "mode": "generation", "revision": "gen", "finished": "5"},
+        {**_record("ours", "executorch", False, "G2", "fail", "lowering", "unsupported op"), "mode": "generation", "revision": "gen", "finished": "6"},
+        {**_record("ours", "dynamo", False, "G1", "pass"), "mode": "generation", "revision": "old", "finished": "0"},
+        {**_record("ours", "executorch", False, "G9", "pass"), "mode": "generation", "revision": "gen", "finished": "7"},  # not sampled
+    ]
+    both = report.summarize_sample(records + generation, {
+        "forward": ["A", "B", "C"], "generation": ["G1", "G2", "G3", "G4"], "cache": {"default": ["A", "B", "C"], "off": []},
+    })
+    assert both["revision"] == "new" and both["generation"]["revision"] == "gen" and both["generation"]["size"] == 4
+    by_backend = {g["backend"]: g for g in both["generation"]["groups"]}
+    assert [g["engine"] for g in both["generation"]["groups"]] == ["ours"] * len(report.BACKENDS)
+    assert (by_backend["executorch"]["pass"], by_backend["executorch"]["fail"], by_backend["executorch"]["not_run"]) == (1, 1, 2)
+    assert by_backend["dynamo"]["run"] == 0  # its record is of another revision
+    lines = report._sample_lines({"sample": both, "classes_total": 10, "base_classes_total": 4, "generative_classes_total": 303})
+    assert "A seeded random sample of **4** of the 303 generative classes" in "\n".join(lines)
+    assert "| ours | executorch | 1 / 4 | 2 | 1 | 50.0% of 2 (9.4-90.5%) |" in lines
     summary = report.summarize(records, {}, {"forward": ["Z"]})
     assert summary["headline_revision"] == "newer"
     assert report.summarize(records, {}, {"forward": ["A", "B"]})["headline_revision"] == "new"  # Z's newer record does not move it
@@ -1045,8 +1066,10 @@ def test_tiny_models_of_vanishing_families_carry_signal() -> None:
     """MobileNetV1's convolutions, drawn at the init scale over untrained batch norms, shrank its outputs to
     7.8e-28; SAM's and BLIP's vision towers keep initializer_range=1e-10; ConvNeXt scales each residual branch by
     1e-6; SAM's mask decoder heads (no normalisation) end below 1e-3; Mimi's all-zero codebooks give every audio
-    the same codes. The tiny builder raises the init scales to a floor (SAM's to 0.1), calibrates the batch norms
-    and the codebooks on the sweep's inputs, and the tiny models' outputs carry signal."""
+    the same codes; Kosmos-2's image embeddings (two projections, no normalisation) were 8.6e-3; PE Audio multiplies
+    its audio-text logits by a scale initialised to 0. The tiny builder raises the init scales to a floor (SAM's
+    and Kosmos-2's text init to 0.1), sets a zero logit scale to 1, calibrates the batch norms and the codebooks on
+    the sweep's inputs, and the tiny models' outputs carry signal."""
     from hf_exporters.runtime.compare import eager_outputs
     from hf_exporters.sweep.inputs import build_inputs
     from hf_exporters.sweep.job import _signal_inputs, build_model
@@ -1058,13 +1081,39 @@ def test_tiny_models_of_vanishing_families_carry_signal() -> None:
     assert tiny.tiny_config(transformers.ConvNextConfig).layer_scale_init_value == 0.1
     assert tiny.tiny_config(transformers.DinatConfig).layer_scale_init_value == 0.0  # zero selects a path: kept
     assert all(reason.strip() for _, reason in tiny.INIT_FLOORS.values())
-    for name in ("MobileNetV1Model", "SamVisionModel", "SamModel", "MimiModel"):
+    for name in ("MobileNetV1Model", "SamVisionModel", "SamModel", "MimiModel", "Kosmos2Model", "PeAudioModel"):
         model = build_model(name)
         inputs = build_inputs(model)
         verdict = judge(eager_outputs(model, inputs), eager_outputs(model, _signal_inputs(model, inputs)))
         assert verdict["ok"], (name, verdict)
     norms = [m for m in build_model("MobileNetV1Model").modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert norms and all(not bool((m.running_var == 1).all()) for m in norms)  # calibrated, not the init's 1
+
+
+def test_tiny_hybrid_models_return_a_recurrent_state_with_signal() -> None:
+    """A recurrent layer's state in the returned cache is a sum of products of two projections: at the common
+    init of 0.02 the tiny Qwen3.5 text model's delta-rule state was 3.0e-3 and Bamba's Mamba-2 state 1.3e-4, below
+    the signal floor. A (sub-)config declaring a recurrent state gets the recurrent-state init; Zamba also gets a
+    wider time-step range."""
+    from hf_exporters.runtime.compare import eager_outputs
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import _register_outputs, _signal_inputs, build_model
+    from hf_exporters.sweep.signal_check import judge
+
+    fields = {"initializer_range": 0.02, "text_config": {"initializer_range": 0.02, "linear_conv_kernel_dim": 4}, "vision_config": {"initializer_range": 0.02}}
+    assert tiny.raise_init_scales(fields) == ["text_config.initializer_range"]
+    assert (fields["initializer_range"], fields["text_config"]["initializer_range"], fields["vision_config"]["initializer_range"]) == (0.02, 0.1, 0.02)
+    assert tiny.tiny_config(transformers.BambaConfig).initializer_range == tiny.RECURRENT_STATE_INIT[0] == 0.1
+    assert tiny.tiny_config(transformers.BertConfig).initializer_range == 0.02
+    assert tiny.tiny_config(transformers.ZambaConfig).time_step_min == 0.1
+    for name in ("Qwen3_5TextModel", "BambaModel", "ZambaModel"):
+        model = build_model(name, use_cache=None)
+        inputs = build_inputs(model)
+        _register_outputs(model, inputs, "ours")
+        first = eager_outputs(model, inputs)
+        verdict = judge(first, eager_outputs(model, _signal_inputs(model, inputs)))
+        assert verdict["ok"], (name, verdict["reason"])
+        assert len(first) > 1 and min(float(t.abs().max()) for _, t in first) > 0.01
 
 
 # ── Every selected class counted, one revision ───────────────────────────────

@@ -203,6 +203,8 @@ def undo_degenerate_init(model: Any, std: float) -> list[str]:
       few of them the features are zero to float precision: the detection heads then score every
       anchor the same, and a tiny model whose outputs are constant passes any parity check.
 
+    - A logit scale parameter (a name ending in ``logit_scale``) that is exactly zero is set to 1: PE Audio's
+      audio-text similarity multiplies by its scale before any ``exp``, so at its zero init every logit is 0.
     - In the families of :data:`VANISHING_CONVOLUTIONS` (keyed by ``config.model_type``), a convolution
       (not transposed) whose gain ``std(weight) * sqrt(fan_in)`` is below 0.3 is drawn from N(0, 1 / fan_in),
       a gain of one: every such convolution of the model, backbone or head, a zero-initialised one too. Only these families: elsewhere such a convolution is followed by a normalisation that
@@ -220,6 +222,10 @@ def undo_degenerate_init(model: Any, std: float) -> list[str]:
     redraw_convolutions = getattr(getattr(model, "config", None), "model_type", None) in VANISHING_CONVOLUTIONS
     changed = []
     with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("logit_scale") and parameter.numel() == 1 and not parameter.any():
+                parameter.fill_(1.0)
+                changed.append(name)
         for name, module in model.named_modules():
             weight = getattr(module, "weight", None)
             if not isinstance(weight, torch.nn.Parameter) or not weight.numel():

@@ -186,6 +186,14 @@ _HEAD_INIT_REASON = (
     " signal"
 )
 
+#: the Mamba time-step range of the Zamba families, and why (see :data:`RECURRENT_STATE_INIT`)
+_ZAMBA_TIME_STEPS = {"time_step_min": 0.1, "time_step_max": 1.0, "time_step_floor": 0.01}
+_ZAMBA_TIME_STEPS_REASON = (
+    "signal: the state of a Mamba mixer grows with its time steps, which Zamba draws from [0.001, 0.1]; at that range"
+    " the state stays below the signal floor (sweep.signal_check) however the weights are drawn, at [0.1, 1.0] it is"
+    " above 0.03"
+)
+
 #: model_type -> (fields to set after the generic rule, why the generic rule cannot serve the family)
 FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     **{
@@ -204,10 +212,11 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     },
     "zamba": (
         {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"],
-         "attention_hidden_size": 2 * WIDTH, "attention_head_dim": 2 * WIDTH // HEADS},
+         "attention_hidden_size": 2 * WIDTH, "attention_head_dim": 2 * WIDTH // HEADS, **_ZAMBA_TIME_STEPS},
         "the hybrid layers share one attention block whose weights are tied from the first hybrid layer to the"
         " others: keeping one layer of each kind leaves no layer to tie into, which the model rejects; that block"
-        " reads the hidden states concatenated with the embeddings, twice the width",
+        " reads the hidden states concatenated with the embeddings, twice the width. " + _ZAMBA_TIME_STEPS_REASON
+        + " (its state leaves were 6.6e-7 at the common init, 2.6e-3 at the recurrent-state init)",
     ),
     "whisper": (
         {"max_source_positions": 32},
@@ -376,9 +385,11 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "zamba2": (
         {"attention_hidden_size": 2 * WIDTH, "attention_head_dim": 2 * WIDTH // HEADS, "mamba_headdim": 2 * WIDTH // 8, "kv_channels": HEAD_DIM,
-         "num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"], "hybrid_layer_ids": [1, 2]},
+         "num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"], "hybrid_layer_ids": [1, 2],
+         **_ZAMBA_TIME_STEPS},
         "the config derives these widths from hidden_size, then sets the full-size values to_dict() passes back;"
-        " as for zamba, the shared attention block is tied across hybrid layers, so two of them are kept",
+        " as for zamba, the shared attention block is tied across hybrid layers, so two of them are kept. "
+        + _ZAMBA_TIME_STEPS_REASON + " (its state leaves were 8.2e-6 at the common init, 6.0e-3 at the recurrent-state init)",
     ),
     "bros": (
         {"dim_bbox_projection": HEAD_DIM},
@@ -436,6 +447,22 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         " plus the semantic model's hidden size, both WIDTH in the tiny config. " + _HEAD_INIT_REASON
         + " (the decoder's waveform was exactly 0 at 0.02)",
     ),
+    **{
+        model_type: (
+            {"mask_decoder_config": {"initializer_range": _HEAD_INIT}, "detr_decoder_config": {"initializer_range": _HEAD_INIT}},
+            f"{_HEAD_INIT_REASON} (the DETR decoder's presence logits and the mask decoder's masks: {what})",
+        )
+        for model_type, what in (
+            ("sam3", "6.4e-4 and 8.3e-3 at most, and the masks did not move with the image"),
+            ("sam3_lite_text", "2.3e-3 and 6.6e-3 at most, and the masks did not move with the image"),
+        )
+    },
+    "kosmos-2": (
+        {"text_config": {"init_std": _HEAD_INIT}},
+        "signal: the image embeddings are the latent queries' cross-attention over the projected image features,"
+        " two projections drawn at the text model's init_std with no normalisation between them; at 0.02 they were"
+        " 8.6e-3 at most, below the signal floor (sweep.signal_check); at 0.1 they are 0.5",
+    ),
     "clvp_encoder": (
         {"num_attention_heads": 2},
         "the rotary part of each head is at least 32 wide whatever the head width: two heads of 32",
@@ -451,6 +478,7 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
             ("sam_hq", "the masks were 3e-3 at most and the IoU scores moved 8e-4 with the image"),
             ("sam2", "the masks were 5e-4 at most and the IoU scores moved 7e-5 with the image"),
             ("sam3_vision_model", "the first feature-pyramid level was 1.5e-3 at most"),
+            ("sam3_tracker", "the masks were 6e-4 at most and the IoU scores did not move with the image"),
             ("vibevoice_acoustic_tokenizer", "the decoded audio was 2e-5 at most"),
             ("vibevoice_acoustic_tokenizer_decoder", "the decoded audio was 1.3e-4 at most"),
             ("vibevoice_acoustic_tokenizer_encoder", "the latents were 1.4e-3 at most"),
@@ -1079,17 +1107,33 @@ INIT_FLOORS: dict[str, tuple[float, str]] = {
 }
 
 
+#: config fields that declare layers keeping a recurrent state: Mamba/Mamba-2 mixers (``mamba_d_state``,
+#: ``ssm_state_size``) and gated delta-rule / linear-attention layers (``linear_conv_kernel_dim``)
+RECURRENT_STATE_FIELDS = ("mamba_d_state", "ssm_state_size", "linear_conv_kernel_dim")
+#: the init scale of a (sub-)config with a :data:`RECURRENT_STATE_FIELDS` field, and why
+RECURRENT_STATE_INIT: tuple[float, str] = (
+    0.1,
+    "signal: the state a recurrent layer returns in the cache is a sum over the tokens of products of two"
+    " projections (key x value, or B x x x dt), each about 0.02 x sqrt(width) in size at the common 0.02; the tiny"
+    " models' state leaves ended below the signal floor (sweep.signal_check): Qwen3.5 3.0e-3, Jamba 8.1e-3, Bamba"
+    " 1.3e-4, Falcon-H1 1.0e-4, Zamba 6.6e-7, with every other output near 3. At 0.1 the state is 0.08 to 1 (Zamba's"
+    " mixers, with their own time-step range, keep it below the floor at any init scale tried)",
+)
+
+
 def raise_init_scales(fields: dict[str, Any]) -> list[str]:
     """Raise the init scales of :data:`INIT_FLOORS` to their floor in ``fields`` (a config's ``to_dict()``, sub-configs
-    included), in place; returns the dotted names of the fields raised."""
+    included), in place, and the ``initializer_range`` of a (sub-)config that declares a recurrent state
+    (:data:`RECURRENT_STATE_FIELDS`) to :data:`RECURRENT_STATE_INIT`; returns the dotted names of the fields raised."""
     raised: list[str] = []
 
     def walk(d: dict[str, Any], prefix: str) -> None:
+        recurrent = any(key in d for key in RECURRENT_STATE_FIELDS)
         for key, value in d.items():
             if isinstance(value, dict):
                 walk(value, f"{prefix}{key}.")
             elif key in INIT_FLOORS and isinstance(value, (int, float)) and not isinstance(value, bool):
-                floor = INIT_FLOORS[key][0]
+                floor = max(INIT_FLOORS[key][0], RECURRENT_STATE_INIT[0] if recurrent and key == "initializer_range" else 0.0)
                 if 0 < value < floor:
                     d[key] = floor
                     raised.append(prefix + key)
