@@ -39,7 +39,8 @@ def sweep(
     classes: str = typer.Option(
         "base", "--classes",
         help="base (one base model class per model type) | all (every Auto-mapping class) | sample (a seeded random sample "
-        "of 400 non-base classes, reported as a sample with its 95% interval; the report's headline stays the base classes').",
+        "of 400 non-base classes, and with --shapes generation of 100 generative classes, reported as samples with their "
+        "95% intervals; the report's headline stays the base and every generative class).",
     ),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated fnmatch patterns on class name or model type."),
     shard: Optional[str] = typer.Option(None, "--shard", help="i/n: run every n-th class starting at i (0-based)."),
@@ -96,7 +97,10 @@ def sweep(
     if smoke:
         pool = {c: all_classes.get(c, base.get(c, "")) for c in smoke_set.smoke_classes()}
     generative = class_sets.generative_classes()
+    generative_sample = class_sets.generative_sample()
     gen_pool = generative if classes != "all" or not generation else {c: t for c, t in all_classes.items() if c in generative}
+    if classes == "sample":
+        gen_pool = generative_sample
     if smoke and generation:
         gen_pool = {c: t for c, t in pool.items() if c in generative}
     try:
@@ -116,7 +120,7 @@ def sweep(
     # (--classes sample: every base class, whatever --only picks of the sample; the sample has its own section)
     report_selection = {
         "forward": sorted(base) if classes == "sample" else chosen(pool),
-        "generation": sorted(gen_pool) if classes == "sample" else chosen(gen_pool if not smoke else {c: t for c, t in pool.items() if c in generative}),
+        "generation": sorted(generative) if classes == "sample" else chosen(gen_pool if not smoke else {c: t for c, t in pool.items() if c in generative}),
     }
     # cache kinds: default for every class, off for a class whose config has use_cache (its config built once here)
     fields: dict[str, bool] = {}
@@ -213,7 +217,9 @@ def sweep(
             "runs": runs,
             "revisions_recorded": sorted({r.get("revision", "?") for r in store.records()}),
         }
-        sample_selection = None if smoke else {"forward": sorted(sample), "cache": {"default": sorted(sample), "off": []}}
+        sample_selection = None if smoke else {
+            "forward": sorted(sample), "generation": sorted(generative_sample), "cache": {"default": sorted(sample), "off": []}
+        }
         summary = report.write_reports(out_dir, store.records(), meta, report_selection, headline_revision, sample_selection)
         typer.echo(
             f"headline revision {summary['headline_revision']}: {summary['records_headline']} records; "

@@ -87,6 +87,8 @@ def generative_classes() -> dict[str, str]:
 #: the seeded random sample of non-base classes the report counts as a sample (``--classes sample``)
 SAMPLE_SIZE = 400
 SAMPLE_SEED = 29
+#: ... and of generative classes (``--classes sample --shapes generation``)
+GENERATIVE_SAMPLE_SIZE = 100
 
 
 def nonbase_sample(size: int = SAMPLE_SIZE, seed: int = SAMPLE_SEED) -> dict[str, str]:
@@ -99,6 +101,15 @@ def nonbase_sample(size: int = SAMPLE_SIZE, seed: int = SAMPLE_SEED) -> dict[str
     base = base_classes()
     pool = sorted(c for c in every if c not in base)
     return {c: every[c] for c in sorted(random.Random(seed).sample(pool, min(size, len(pool))))}
+
+
+def generative_sample(size: int = GENERATIVE_SAMPLE_SIZE, seed: int = SAMPLE_SEED) -> dict[str, str]:
+    """A seeded random sample of ``size`` of the :func:`generative_classes` (one per model type): ``{class name:
+    model_type}``. The same installed transformers, size and seed give the same sample."""
+    import random
+
+    every = generative_classes()
+    return {c: every[c] for c in sorted(random.Random(seed).sample(sorted(every), min(size, len(every))))}
 
 
 def select(classes: dict[str, str], only: str | None = None, shard: str | None = None) -> list[str]:

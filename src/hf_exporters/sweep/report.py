@@ -381,16 +381,25 @@ def summarize_sample(records: list[dict[str, Any]], sample: dict[str, Any]) -> d
     static jobs: ``revision``), pass / sample size, not run, and the pass rate over the classes run with its 95 %
     Wilson interval (:func:`wilson_interval`)."""
     selected = _selection(records, sample)
-    members = set(selected["forward"])
-    revision = headline_revision([r for r in records if r["model_class"] in members and shapes_of(r) == "static"])
+    summary = _sample_groups(records, selected, "static", ENGINES)
+    if selected["generation"]:
+        summary["generation"] = _sample_groups(records, selected, "generation", ("ours",))
+    return summary
+
+
+def _sample_groups(records: list[dict[str, Any]], selected: dict[str, Any], shapes: str, engines: tuple[str, ...]) -> dict[str, Any]:
+    """:func:`summarize_sample`'s figures for one kind of job (``static`` forward jobs of the sample's forward classes,
+    or ``generation`` jobs of its generation classes), from the records of one revision: the newest among them."""
+    members = set(selected["forward" if shapes == "static" else "generation"])
+    revision = headline_revision([r for r in records if r["model_class"] in members and shapes_of(r) == shapes])
     rows = headline_records(records, revision, selected) if revision else []
     by_group: dict[tuple[str, str], dict[str, str]] = collections.defaultdict(dict)
     for record in rows:
-        if shapes_of(record) == "static" and cache_of(record) == HEADLINE_CACHE:
+        if shapes_of(record) == shapes and cache_of(record) == HEADLINE_CACHE and record["model_class"] in members:
             by_group[(record["engine"], backend_of(record))][record["model_class"]] = record["outcome"]
-    size = len(selected["forward"])
+    size = len(members)
     groups = []
-    for engine in ENGINES:
+    for engine in engines:
         for backend in BACKENDS:
             outcomes = by_group.get((engine, backend), {})
             passed = sum(o == "pass" for o in outcomes.values())
@@ -429,14 +438,36 @@ def _sample_lines(summary: dict[str, Any]) -> list[str]:
         "| engine | backend | pass / sample | not run | fail | pass rate of the classes run (95 % interval) |",
         "|---|---|---:|---:|---:|---|",
     ]
-    for g in sample["groups"]:
+    lines += _sample_rows(sample["groups"])
+    generation = sample.get("generation")
+    if generation:
+        lines += [
+            "",
+            "### Sample of generative classes",
+            "",
+            f"A seeded random sample of **{generation['size']}** of the {summary.get('generative_classes_total', '?')} "
+            f"generative classes (one per model type; seed {SAMPLE_SEED}, `hf-exporters sweep --classes sample --shapes "
+            "generation`), generation jobs (token ids of greedy `generate()` against eager), every figure from the records "
+            f"of one code revision, `{generation.get('revision') or 'none yet'}` (the newest of the sample's generation "
+            "records). These classes are also in the headline's generation rows, which count every generative class.",
+            "",
+            "| engine | backend | pass / sample | not run | fail | pass rate of the classes run (95 % interval) |",
+            "|---|---|---:|---:|---:|---|",
+            *_sample_rows(generation["groups"]),
+        ]
+    return [*lines, ""]
+
+
+def _sample_rows(groups: list[dict[str, Any]]) -> list[str]:
+    rows = []
+    for g in groups:
         if g["run"]:
             low, high = g["interval_95"]
             rate = f"{100 * g['pass_rate_of_run']:.1f}% of {g['run']} ({100 * low:.1f}-{100 * high:.1f}%)"
         else:
             rate = "none run"
-        lines.append(f"| {g['engine']} | {g['backend']} | {g['pass']} / {g['sample']} | {g['not_run']} | {g['fail']} | {rate} |")
-    return [*lines, ""]
+        rows.append(f"| {g['engine']} | {g['backend']} | {g['pass']} / {g['sample']} | {g['not_run']} | {g['fail']} | {rate} |")
+    return rows
 
 
 def write_reports(
