@@ -462,6 +462,9 @@ def test_the_sample_is_reported_with_a_wilson_interval_at_its_own_revision() -> 
     lines = report._sample_lines({"sample": both, "classes_total": 10, "base_classes_total": 4, "generative_classes_total": 303})
     assert "A seeded random sample of **4** of the 303 generative classes" in "\n".join(lines)
     assert "| ours | executorch | 1 / 4 | 2 | 1 | 50.0% of 2 (9.4-90.5%) |" in lines
+    # the generative sample's newer records do not move the headline, which forward records choose
+    assert report.summarize(records + generation, {}, {"forward": ["A", "B"], "generation": ["G1", "G2", "G9"]})["headline_revision"] == "new"
+    assert report.summarize(generation, {}, {"forward": [], "generation": ["G1", "G2"]})["headline_revision"] == "gen"
     summary = report.summarize(records, {}, {"forward": ["Z"]})
     assert summary["headline_revision"] == "newer"
     assert report.summarize(records, {}, {"forward": ["A", "B"]})["headline_revision"] == "new"  # Z's newer record does not move it

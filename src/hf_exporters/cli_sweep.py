@@ -62,7 +62,7 @@ def sweep(
     report_only: bool = typer.Option(False, "--report-only", help="Only regenerate the reports from results.jsonl."),
     headline_revision: Optional[str] = typer.Option(
         None, "--headline-revision",
-        help="The code revision whose records make the report's headline (default: the newest record's); records of "
+        help="The code revision whose records make the report's headline (default: the newest forward record's); records of "
         "other revisions are counted as history only.",
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),

@@ -384,7 +384,7 @@ def export_to_folder(
     group_size: int | None = None,
     quantize_embeddings: str | None = None,
     source_model: str | None = None,
-    trust_remote_code: bool = False,
+    trust_remote_code: bool | None = None,
 ) -> dict[str, Any]:
     """Export ``model`` with ``backend`` into the folder ``output`` and return the manifest written there.
 
@@ -412,8 +412,9 @@ def export_to_folder(
     tolerance plus ``DTYPE_RTOL`` times the largest output; an ONNX artifact onnxruntime's CPU provider has no
     kernel for is refused here, validated or not.
 
-    ``source_model`` (the checkpoint folder the model was loaded from) and ``trust_remote_code`` (whether its own
-    code was run to load it) are recorded as given; ``max_seq_len`` (executorch) under ``max_seq_len``.
+    ``source_model`` (the checkpoint folder the model was loaded from) and ``trust_remote_code`` (whether the
+    checkpoint's own code was allowed to run to load it) are recorded as given, None when the caller does not say;
+    ``max_seq_len`` (executorch) is recorded as given too.
 
     With ``validate``, the saved artifact is run in its runtime on ``inputs`` and, when dynamic, on a
     second input set of other sizes; a difference beyond ``atol`` (default: the backend's) fails.

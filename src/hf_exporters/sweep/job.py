@@ -190,6 +190,11 @@ VANISHING_CONVOLUTIONS: dict[str, str] = {
 }
 
 
+#: model types whose contrastive logits are multiplied by a ``*logit_scale`` parameter initialised to 0 (PE Audio's
+#: audio-text, PE Video's and PE Audio-Video's scales), not by its ``exp``
+LINEAR_LOGIT_SCALES = ("pe_audio", "pe_video", "pe_audio_video")
+
+
 def undo_degenerate_init(model: Any, std: float) -> list[str]:
     """Give ``model`` the weights a trained network could have where its family's init leaves a
     sublayer constant or silent; returns the names of the weights changed.
@@ -203,8 +208,9 @@ def undo_degenerate_init(model: Any, std: float) -> list[str]:
       few of them the features are zero to float precision: the detection heads then score every
       anchor the same, and a tiny model whose outputs are constant passes any parity check.
 
-    - A logit scale parameter (a name ending in ``logit_scale``) that is exactly zero is set to 1: PE Audio's
-      audio-text similarity multiplies by its scale before any ``exp``, so at its zero init every logit is 0.
+    - In the families of :data:`LINEAR_LOGIT_SCALES`, a logit scale parameter (a name ending in ``logit_scale``)
+      that is exactly zero is set to 1: their similarity logits are multiplied by the scale itself, not by its
+      ``exp`` (as CLIP's and SigLIP's are, where 0 is a scale of 1), so at the zero init every logit is 0.
     - In the families of :data:`VANISHING_CONVOLUTIONS` (keyed by ``config.model_type``), a convolution
       (not transposed) whose gain ``std(weight) * sqrt(fan_in)`` is below 0.3 is drawn from N(0, 1 / fan_in),
       a gain of one: every such convolution of the model, backbone or head, a zero-initialised one too. Only these families: elsewhere such a convolution is followed by a normalisation that
@@ -219,10 +225,11 @@ def undo_degenerate_init(model: Any, std: float) -> list[str]:
     import torch
 
     generator = torch.Generator().manual_seed(0)
-    redraw_convolutions = getattr(getattr(model, "config", None), "model_type", None) in VANISHING_CONVOLUTIONS
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    redraw_convolutions = model_type in VANISHING_CONVOLUTIONS
     changed = []
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
+        for name, parameter in model.named_parameters() if model_type in LINEAR_LOGIT_SCALES else ():
             if name.endswith("logit_scale") and parameter.numel() == 1 and not parameter.any():
                 parameter.fill_(1.0)
                 changed.append(name)

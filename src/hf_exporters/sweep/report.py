@@ -143,8 +143,10 @@ def summarize(
     def of_selection(record: dict[str, Any]) -> bool:  # a record of a selected class in its mode
         return record["model_class"] in (generation if shapes_of(record) == "generation" else forward)
 
-    # the newest record of a selected class: records of other classes (the non-base sample) do not move the headline
-    revision = headline_revision([r for r in records if of_selection(r)], revision)
+    # the newest forward record of a selected class: records of other classes (the non-base sample) do not move the
+    # headline, nor do generation records (the generative sample runs at a revision of its own) while forward ones exist
+    chosen = [r for r in records if of_selection(r)]
+    revision = headline_revision([r for r in chosen if shapes_of(r) != "generation"] or chosen, revision)
     rows = headline_records(records, revision, selected)
     groups: dict[str, dict[str, Any]] = {}
     order = {"static": 0, "dynamic": 1, "generation": 2}
@@ -528,7 +530,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"{summary.get('generative_classes_total', '?')} generative classes (one per model type). Every selected class "
         "is in every denominator of its mode: a class with no record in a group is counted `not run`.",
         f"- Headline revision: `{summary.get('headline_revision') or 'any (records name none)'}`"
-        f"{' (chosen with --headline-revision)' if summary.get('headline_revision_requested') else ' (the newest record' + chr(39) + 's among the selected classes)'}: "
+        f"{' (chosen with --headline-revision)' if summary.get('headline_revision_requested') else ' (the newest forward record' + chr(39) + 's among the selected classes)'}: "
         f"every figure below comes from its **{summary.get('records_headline', summary['jobs_recorded'])}** records "
         f"({summary['jobs_recorded']} jobs of selected classes; classes with a record: {summary['classes_run']} forward, "
         f"{summary.get('generation_classes_run', 0)} generation"
