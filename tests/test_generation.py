@@ -402,7 +402,7 @@ def test_folder_contents(llama_folder):
     folder, manifest = llama_folder
     names = {p.name for p in folder.iterdir()}
     assert {"export.json", "config.json", "generation_config.json", "prefill", "decode"} <= names
-    assert manifest["source_model"] is None and manifest["trust_remote_code"] is False  # a model object, not a checkpoint
+    assert manifest["source_model"] is None and manifest["trust_remote_code"] is None  # a model object: not known
     decode = manifest["parts"]["decode"]
     assert decode["role"] == "decode" and decode["file"] == "decode/model.pt2"
     assert decode["cache"]["kind"] == "dynamic" and decode["cache"]["layers"] == 2
@@ -410,6 +410,23 @@ def test_folder_contents(llama_folder):
     assert decode["outputs"][:2] == ["logits", "present_0"]
     assert decode["dynamic_axes"]["past_key_values_0"] == [0, 2]
     assert decode["parity"]["ok"]
+
+
+def test_a_model_in_training_mode_is_exported_in_eval_mode_and_given_back(tmp_path):
+    """Generation parts are captured, traced and checked in eval mode (attention dropout off, so the parity check
+    passes); afterwards every submodule's ``training`` flag is the caller's again."""
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(**TINY, eos_token_id=None, attention_dropout=0.5))
+    model.train()
+    model.model.layers[0].eval()  # a mixed state, given back as it was
+    flags = [m.training for m in model.modules()]
+    exporter = make_exporter("dynamo")
+    artifacts = export_for_generation(exporter, model, _text_inputs(2, 6, pad_left=2), make_config(exporter, True, None))
+    assert [m.training for m in model.modules()] == flags
+    manifest = artifacts.save_pretrained(tmp_path / "out")
+    assert [m.training for m in model.modules()] == flags and model.training and not model.model.layers[0].training
+    assert all(part["parity"]["ok"] and part["parity"]["max_abs_diff"] < 1e-4 for part in manifest["parts"].values())
+    parts = build_parts(model, _text_inputs(1, 5))
+    assert list(parts) == ["prefill", "decode"] and [m.training for m in model.modules()] == flags
 
 
 def _copy_with(folder, tmp_path, edit):

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, ParityError
+from ..runtime.compare import evaluation_mode
 from ..runtime.embedding_accuracy import SENTENCES
 from .generator import ExportedGenerator
 
@@ -128,9 +129,9 @@ def measure(model: torch.nn.Module, generator: ExportedGenerator, prompts: Seque
     positions = 0
     kl_sum = 0.0
     kl_max = 0.0
-    model.eval()
     for ids in prompts:
-        chosen, expected = _eager_steps(model, ids, new_tokens, start)
+        with evaluation_mode(model):  # eager as the artifact was traced; the caller's training flags come back
+            chosen, expected = _eager_steps(model, ids, new_tokens, start)
         actual = generator.score(ids, chosen, attention_mask=torch.ones_like(ids)).float()
         log_p = torch.log_softmax(expected, dim=-1)
         log_q = torch.log_softmax(actual, dim=-1)

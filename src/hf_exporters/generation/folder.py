@@ -27,7 +27,7 @@ from ..exporters.result import ExportResult
 from ..folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder
 from ..pipeline import describe_tensors, dynamic_axes, library_versions, make_config, make_exporter
 from ..precision import cast_to_executorch_backend
-from ..runtime.compare import compare_leaves, raise_if_eager_nonfinite
+from ..runtime.compare import compare_leaves, evaluation_mode, raise_if_eager_nonfinite
 from ..shapes import tensor_leaves
 from .accuracy import NEW_TOKENS, check_generation_accuracy, prompt_ids
 from .generator import ExportedGenerator, load_part_runners
@@ -82,7 +82,7 @@ class GenerationArtifacts(dict):
         overwrite: bool = True,
         source_model: str | None = None,
         aoti: bool = False,
-        trust_remote_code: bool = False,
+        trust_remote_code: bool | None = None,
     ) -> dict[str, Any]:
         """Write every part's file (``<part>/<artifact name>``), ``config.json``, ``generation_config.json``,
         the tokenizer or processor files (when ``preprocessor`` is given) and ``export.json``.
@@ -95,7 +95,8 @@ class GenerationArtifacts(dict):
         against float32 eager (:func:`~hf_exporters.generation.accuracy.check_generation_accuracy`,
         recorded as the manifest's ``accuracy``; each part's ``parity`` is then None).
         The folder is written beside the target and moved into place at the end. ``source_model`` (the checkpoint
-        folder) and ``trust_remote_code`` (whether its own code was run to load it) are recorded as given.
+        folder) and ``trust_remote_code`` (whether the checkpoint's own code was allowed to run to load it) are
+        recorded as given, None when the caller does not say.
 
         With ``aoti`` (dynamo only), each part is also compiled into an AOTInductor package
         (``<part>/model.aoti.pt2``, the part's ``aoti_package`` in the manifest) for the C++ runner, and
@@ -117,7 +118,8 @@ class GenerationArtifacts(dict):
             raise InputError(f"aoti compiles the dynamo backend's programs; these parts were exported with {self.exporter.name!r}")
         prompts = prompt_ids(preprocessor) if self.quantized and validate else None
         manifest: dict[str, Any] = {}
-        with staged_folder(out, manifest) as staging:
+        # eager runs in eval mode, as the parts were traced; the model's training flags come back afterwards
+        with staged_folder(out, manifest) as staging, evaluation_mode(self.model):
             parts_manifest: dict[str, Any] = {}
             shared: Path | None = None  # the one program whose methods the parts are
             for name, artifact in self.items():
@@ -394,6 +396,8 @@ def export_for_generation(
     ExecuTorch program, lowered in one call (``ExecutorchExporter.run_methods``): every part's artifact is
     that program, and the folder holds one ``model.pte``.
 
+    ``model`` runs and is traced in eval mode; its training flags are given back.
+
     Returns:
         a :class:`GenerationArtifacts`: ``{part name: native artifact}`` with ``save_pretrained(dir)``.
 
@@ -401,6 +405,13 @@ def export_for_generation(
         InputError: ``generate()`` cannot run on ``inputs`` or the model kind is not supported.
         ExportStageError: exporting a part failed (the message names the stage).
     """
+    with evaluation_mode(model):
+        return _export_for_generation(exporter, model, inputs, config, generation_config, kv_cache, custom_sdpa)
+
+
+def _export_for_generation(
+    exporter: Any, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any, generation_config: Any, kv_cache: str, custom_sdpa: bool,
+) -> GenerationArtifacts:
     base = config if config is not None else exporter.config_class()
     if kv_cache not in KV_CACHE_LAYOUTS:
         raise InputError(f"unknown --kv-cache {kv_cache!r}; choose one of: {', '.join(KV_CACHE_LAYOUTS)}")
@@ -410,7 +421,6 @@ def export_for_generation(
         from ..workarounds.executorch.fx_program_fixes import UNBOUNDED_DIM_MAX
         from .executorch_ops import load_custom_ops
 
-        model.eval()
         if custom_sdpa and not load_custom_ops():
             raise InputError(
                 "--custom-sdpa needs ExecuTorch's LLM operators (executorch.extension.llm.custom_ops), which the installed "

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError
+from ..runtime.compare import evaluation_mode
 from .cache_layout import flat_cache, hybrid_kinds, is_hybrid_cache
 from .capture import decompose_for_generation, encoder_of
 from .steps import DecoderStep, EncoderStep, ModalityEncoderStep, MultimodalPrefillStep, ProgramCacheStep, Seq2SeqDecoderStep, StaticDecoderStep
@@ -108,7 +109,7 @@ def build_parts(model: torch.nn.Module, inputs: Mapping[str, Any], generation_co
     """The parts of ``model``'s generation loop with example inputs taken from a real ``generate()``.
 
     Args:
-        model: a transformers generative model, in eval mode.
+        model: a transformers generative model (run in eval mode; its training flags are given back).
         inputs: ``generate()`` keyword arguments (``input_ids (B, T)``, ``attention_mask (B, T)``, ...).
         generation_config: optional; ``cache_implementation="static"`` (with ``max_cache_len``) selects
             the static-cache decode graph.
@@ -120,7 +121,11 @@ def build_parts(model: torch.nn.Module, inputs: Mapping[str, Any], generation_co
         InputError: ``generate()`` cannot run on ``inputs``, or the model kind is not supported
             (a sliding-window recurrent layer, a video or audio encoder of a decoder-only model).
     """
-    model.eval()
+    with evaluation_mode(model):  # generate() runs as the parts are traced; the caller's training flags come back
+        return _build_parts(model, inputs, generation_config)
+
+
+def _build_parts(model: torch.nn.Module, inputs: Mapping[str, Any], generation_config: Any) -> dict[str, GenerationPart]:
     captured = decompose_for_generation(model, inputs, generation_config)
     prefill_call, decode_call = captured["prefill"], captured["decode"]
     gen = generation_config if generation_config is not None else model.generation_config
