@@ -129,18 +129,18 @@ def measure(model: torch.nn.Module, generator: ExportedGenerator, prompts: Seque
     positions = 0
     kl_sum = 0.0
     kl_max = 0.0
-    for ids in prompts:
-        with evaluation_mode(model):  # eager as the artifact was traced; the caller's training flags come back
+    with evaluation_mode(model):  # eager as the artifact was traced; the caller's training flags come back
+        for ids in prompts:
             chosen, expected = _eager_steps(model, ids, new_tokens, start)
-        actual = generator.score(ids, chosen, attention_mask=torch.ones_like(ids)).float()
-        log_p = torch.log_softmax(expected, dim=-1)
-        log_q = torch.log_softmax(actual, dim=-1)
-        # a token eager gives no probability adds nothing (0 * log 0 is 0, not NaN)
-        kl = torch.where(torch.isfinite(log_p), log_p.exp() * (log_p - log_q), 0.0).sum(-1).clamp_min(0.0).flatten()
-        agree += int((actual.argmax(-1) == expected.argmax(-1)).sum())
-        positions += kl.numel()
-        kl_sum += float(kl.sum())
-        kl_max = max(kl_max, float(kl.max()))
+            actual = generator.score(ids, chosen, attention_mask=torch.ones_like(ids)).float()
+            log_p = torch.log_softmax(expected, dim=-1)
+            log_q = torch.log_softmax(actual, dim=-1)
+            # a token eager gives no probability adds nothing (0 * log 0 is 0, not NaN)
+            kl = torch.where(torch.isfinite(log_p), log_p.exp() * (log_p - log_q), 0.0).sum(-1).clamp_min(0.0).flatten()
+            agree += int((actual.argmax(-1) == expected.argmax(-1)).sum())
+            positions += kl.numel()
+            kl_sum += float(kl.sum())
+            kl_max = max(kl_max, float(kl.max()))
     return GenerationAccuracy(
         top1_agreement=agree / positions, mean_kl=kl_sum / positions, max_kl=kl_max, positions=positions, prompts=len(prompts), new_tokens=new_tokens,
         reference_dtype=str(next(model.parameters()).dtype).removeprefix("torch."),

@@ -397,7 +397,7 @@ def _sample_groups(records: list[dict[str, Any]], selected: dict[str, Any], shap
     rows = headline_records(records, revision, selected) if revision else []
     by_group: dict[tuple[str, str], dict[str, str]] = collections.defaultdict(dict)
     for record in rows:
-        if shapes_of(record) == shapes and cache_of(record) == HEADLINE_CACHE and record["model_class"] in members:
+        if shapes_of(record) == shapes and cache_of(record) == HEADLINE_CACHE:
             by_group[(record["engine"], backend_of(record))][record["model_class"]] = record["outcome"]
     size = len(members)
     groups = []
