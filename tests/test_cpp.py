@@ -588,3 +588,32 @@ def test_generation_stops_at_the_folders_end_of_sequence_token(llama_generation,
     assert result.returncode == 1 and result.stderr.strip() == (
         f"error: {copy.resolve() / 'generation_config.json'}: eos_token_id is not a token id or a list of them"
     ), result.stderr
+
+
+def test_cpp_generates_from_a_float16_program_and_times_prefill_and_decode(tmp_path):
+    """``--dtype float16`` generation folder with the cache in the program: hfx-run reads float16 logits, its ids
+    equal float16 eager's, and it prints the prompt's forward and the decode steps' rate on their own."""
+    model = spread_tiny_llama(tmp_path / "ckpt")
+    folder = tmp_path / "gen-fp16"
+    manifest = export_generation_folder(tmp_path / "ckpt", "executorch", folder, kv_cache="program", max_seq_len=24, dtype="float16")
+    assert manifest["dtype"] == "float16" and manifest["parts"]["decode"]["parity"]["ok"]
+    prompt = [5, 17, 33, 2, 71, 9]
+    with torch.no_grad():
+        eager = model.half().generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 6, dtype=torch.long), max_new_tokens=8, do_sample=False)
+    result = _hfx_run(folder, "--generate", "--input-ids", ",".join(map(str, prompt)), "--max-new-tokens", 8)
+    assert result.returncode == 0, result.stderr
+    ids = [int(i) for i in re.search(r"^ids: (\S+)$", result.stdout, re.M).group(1).split(",")]
+    assert ids == eager[0].tolist() and len(set(ids[len(prompt):])) > 1
+    assert re.search(r"^prefill: [0-9.]+ ms for 6 tokens; decode: 7 steps, [0-9.]+ tokens/s$", result.stdout, re.M), result.stdout
+
+
+def test_repeat_prints_the_mean_median_and_spread(minilm_folder):
+    folder, model, inputs = minilm_folder
+    inputs_file, _, _ = _write_expectations(folder, model, inputs)
+    result = _hfx_run(folder, "--inputs", inputs_file, "--repeat", 3)
+    assert result.returncode == 0, result.stderr
+    found = re.search(r"^latency: ([0-9.]+) ms \(mean of 3 runs after a warm-up run\); median ([0-9.]+) ms, min ([0-9.]+) ms, max ([0-9.]+) ms$",
+                      result.stdout, re.M)
+    assert found, result.stdout
+    mean, median, low, high = map(float, found.groups())
+    assert 0 < low <= median <= high and low <= mean <= high

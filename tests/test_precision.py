@@ -172,3 +172,71 @@ def test_a_bfloat16_model_on_the_portable_recipe_gets_the_bfloat16_tolerance(tmp
     assert manifest["atol"] == pytest.approx(1e-3 + DTYPE_RTOL[torch.bfloat16] * scale)
     assert manifest["outputs"][0]["dtype"] == "bfloat16"
     assert manifest["parity"][0]["ok"] and 0 < manifest["parity"][0]["max_abs_diff"] <= manifest["atol"]
+
+
+def test_float16_generation_folder_computes_in_float16(tmp_path):
+    """``export --task text-generation --dtype float16``: the parts are captured from the cast model, checked
+    against float16 eager within float16's tolerance, and generate float16 eager's ids."""
+    from typer.testing import CliRunner
+
+    from config_models import spread_tiny_llama
+    from hf_exporters.cli import app
+    from hf_exporters.generation import ExportedGenerator
+
+    model = spread_tiny_llama(tmp_path / "ckpt")
+    result = CliRunner().invoke(app, ["export", "--backend", "dynamo", "--task", "text-generation", "--dtype", "fp16",
+                                      "--model", str(tmp_path / "ckpt"), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert manifest["dtype"] == "float16"
+    for part in manifest["parts"].values():
+        assert part["parity"]["ok"] and part["parity"]["rtol"] == pytest.approx(1e-5 + DTYPE_RTOL[torch.float16])
+    ids = torch.tensor([[5, 17, 33, 2, 71, 9]])
+    generator = ExportedGenerator.from_pretrained(tmp_path / "out")
+    logits = generator.runners["prefill"]({"input_ids": ids, "attention_mask": torch.ones_like(ids)})[0]
+    assert torch.as_tensor(logits).dtype == torch.float16
+    with torch.no_grad():
+        eager = model.half().generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+    assert generator.generate(ids, max_new_tokens=8).tolist() == eager.tolist()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--backend", "executorch", "--dtype", "bf16"],
+         "--dtype bfloat16: XNNPACK has no bfloat16 kernels; export float16 or float32 with xnnpack, or bfloat16 with --recipe portable"),
+        (["--backend", "executorch", "--dtype", "fp16", "--quantize", "8da4w"],
+         "--quantize 8da4w quantizes a float32 model; it cannot be combined with --dtype fp16"),
+        (["--backend", "onnx", "--dtype", "half"], "--dtype 'half' is not one of float32, float16, bfloat16 (or fp32, fp16, bf16)"),
+    ],
+)
+def test_generation_dtype_requests_refused_before_loading(tmp_path, options, message):
+    from hf_exporters.generation import export_generation_folder
+
+    backend, dtype = options[1], options[3]
+    quantize = options[5] if len(options) > 4 else None
+    with pytest.raises(InputError) as caught:
+        export_generation_folder(tmp_path / "no-checkpoint-needed", backend, tmp_path / "out", dtype=dtype, quantize=quantize)
+    assert str(caught.value) == message
+    assert not (tmp_path / "out").exists()
+
+
+def test_xnnpack_keeps_float16_asked_for_on_a_wrapped_model():
+    """A generation part wraps the model; ``--dtype float16`` is recorded on the model inside, and XNNPACK's
+    Stage 1 keeps float16 for the wrapper (without the request it computes in float32)."""
+    from hf_exporters.workarounds.executorch.backends import prepare_for_xnnpack
+
+    class Step(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x)
+
+    asked = torch.nn.Linear(4, 4)
+    cast_for_export(asked, {}, torch.float16)
+    moved, inputs, _ = prepare_for_xnnpack(Step(asked), {"x": torch.ones(1, 4, dtype=torch.float16)})
+    assert moved.inner.weight.dtype == torch.float16 and inputs["x"].dtype == torch.float16
+    moved, inputs, _ = prepare_for_xnnpack(Step(torch.nn.Linear(4, 4).half()), {"x": torch.ones(1, 4, dtype=torch.float16)})
+    assert moved.inner.weight.dtype == torch.float32 and inputs["x"].dtype == torch.float32

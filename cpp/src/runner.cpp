@@ -55,14 +55,18 @@ std::vector<Tensor> ordered_inputs(const Part* part, const std::map<std::string,
 
 }  // namespace
 
-double time_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named, const std::string& part_name, int repeat) {
+std::vector<double> time_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named, const std::string& part_name, int repeat) {
   const Part& part = forward_part(manifest, part_name);
   const auto inputs = ordered_inputs(&part, named);
   auto runner = load_part(manifest, part);
   runner->run(inputs);
-  const auto started = std::chrono::steady_clock::now();
-  for (int i = 0; i < repeat; ++i) runner->run(inputs);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() / std::max(repeat, 1);
+  std::vector<double> seconds;
+  for (int i = 0; i < repeat; ++i) {
+    const auto started = std::chrono::steady_clock::now();
+    runner->run(inputs);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  }
+  return seconds;
 }
 
 std::map<std::string, Tensor> run_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named, const std::string& part_name) {
@@ -79,14 +83,61 @@ std::map<std::string, Tensor> run_forward(const Manifest& manifest, const std::m
 
 namespace {
 
+/// The float value of IEEE half-precision bits `h`.
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1fu) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // inf, nan
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;  // zero
+  } else {  // subnormal: normalise
+    exponent = 113;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+/// The float value of bfloat16 bits `b` (the high half of a float32).
+float bfloat16_to_float(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+/// The argmax over the last row of `logits` (float32, float16 or bfloat16; `[..., vocab]`).
 int64_t argmax_last(const Tensor& logits) {
-  if (logits.dtype != "float32") throw Error("logits are " + logits.dtype + "; the greedy loop reads float32");
+  const bool half = logits.dtype == "float16", bf16 = logits.dtype == "bfloat16";
+  if (logits.dtype != "float32" && !half && !bf16)
+    throw Error("logits are " + logits.dtype + "; the greedy loop reads float32, float16 or bfloat16");
   const int64_t vocab = logits.shape.back();
   const int64_t rows = logits.numel() / vocab;
-  const float* p = reinterpret_cast<const float*>(logits.data.data()) + (rows - 1) * vocab;
+  const size_t first = static_cast<size_t>((rows - 1) * vocab);
+  auto value = [&](int64_t v) -> float {
+    if (!half && !bf16) return reinterpret_cast<const float*>(logits.data.data())[first + v];
+    const uint16_t bits = reinterpret_cast<const uint16_t*>(logits.data.data())[first + v];
+    return half ? half_to_float(bits) : bfloat16_to_float(bits);
+  };
   int64_t best = 0;
-  for (int64_t v = 1; v < vocab; ++v)
-    if (p[v] > p[best]) best = v;
+  float top = value(0);
+  for (int64_t v = 1; v < vocab; ++v) {
+    const float x = value(v);
+    if (x > top) {
+      top = x;
+      best = v;
+    }
+  }
   return best;
 }
 
@@ -162,6 +213,7 @@ GenerationResult Generator::generate(const std::vector<int64_t>& prompt, int max
   result.ids = prompt;
   const auto started = std::chrono::steady_clock::now();
   std::vector<Tensor> outputs = prefill_runner_->run({make_int64({1, length}, prompt), make_int64({1, length}, std::vector<int64_t>(prompt.size(), 1))});
+  result.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   for (int step = 0; step < max_new_tokens; ++step) {
     if (outputs.size() < 2) throw Error(prefill_->file.string() + ": returned no cache tensors");
     const int64_t token = argmax_last(outputs[0]);
@@ -201,6 +253,7 @@ GenerationResult Generator::generate_in_program(const std::vector<int64_t>& prom
   result.ids = prompt;
   const auto started = std::chrono::steady_clock::now();
   std::vector<Tensor> outputs = decode_runner_->run({make_int64({1, length}, prompt), make_int64({length}, positions_from(0, length))});
+  result.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   for (int step = 0; step < max_new_tokens; ++step) {
     if (outputs.empty()) throw Error(prefill_->file.string() + ": returned no logits");
     const int64_t token = argmax_last(outputs[0]);

@@ -1,10 +1,11 @@
 // hfx-run: run an artifact folder written by hf-exporters from C++.
 //
 //   hfx-run DIR --inputs in.safetensors [--part NAME] [--expect out.safetensors [--atol A]] [--output out.safetensors]
-//           [--repeat N]   (N more timed forwards after the first: prints the mean latency in ms)
+//           [--repeat N]   (N more timed forwards after the first: prints their mean, median, min and max in ms)
 //   hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID] [--warmup]
 //           (--warmup: one untimed 2-token generation first, so the runtime's first-run work, such as
-//           XNNPACK packing its weights, is not counted in tokens/s)
+//           XNNPACK packing its weights, is not counted in tokens/s; prints the prompt's forward in ms and
+//           the decode steps' tokens/s on their own too)
 //
 // Exit status: 0 done (and, with --expect, every output compared and within --atol), 1 an error or a
 // usage error such as a bad flag value (one "error: ..." line on stderr), 2 a parity failure: an
@@ -14,6 +15,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -146,14 +148,23 @@ int run(int argc, char** argv) {
     std::printf("%d new tokens in %.3f s: %.1f tokens/s (%s%s)\n", result.new_tokens, result.seconds,
                 result.new_tokens / (result.seconds > 0 ? result.seconds : 1e-9), manifest.backend.c_str(),
                 warmup ? ", after a warm-up run" : "");
+    // the prompt's forward, and the decode steps after it: one token each
+    const double decode = result.seconds - result.prefill_seconds;
+    std::printf("prefill: %.3f ms for %zu tokens; decode: %d steps, %.1f tokens/s\n", result.prefill_seconds * 1e3, prompt.size(),
+                result.new_tokens - 1, result.new_tokens > 1 ? (result.new_tokens - 1) / (decode > 0 ? decode : 1e-9) : 0.0);
     return 0;
   }
   if (inputs.empty()) throw hfx::Error(std::string("give --inputs in.safetensors, or --generate\n") + kUsage);
   const auto named = hfx::read_safetensors(inputs);
   const auto outputs = hfx::run_forward(manifest, named, part);
   if (repeat > 0) {
-    const auto timing = hfx::time_forward(manifest, named, part, repeat);
-    std::printf("latency: %.3f ms (mean of %d runs after a warm-up run)\n", timing * 1e3, repeat);
+    auto timing = hfx::time_forward(manifest, named, part, repeat);
+    double total = 0.0;
+    for (const double s : timing) total += s;
+    std::sort(timing.begin(), timing.end());
+    const double median = timing.size() % 2 ? timing[timing.size() / 2] : (timing[timing.size() / 2 - 1] + timing[timing.size() / 2]) / 2;
+    std::printf("latency: %.3f ms (mean of %d runs after a warm-up run); median %.3f ms, min %.3f ms, max %.3f ms\n", total / repeat * 1e3,
+                repeat, median * 1e3, timing.front() * 1e3, timing.back() * 1e3);
   }
   if (!output.empty()) hfx::write_safetensors(output, outputs);
   int status = 0;

@@ -234,15 +234,12 @@ def _export(
         if task in ("text-generation", "text2text-generation"):
             from .generation import export_generation_folder
 
-            if dtype is not None:
-                raise InputError(f"--dtype is not supported for {task} exports yet: their parts are exported in the checkpoint's dtype")
-
             # generation exports are always dynamic: prefill and decode graphs serve every length
             manifest = export_generation_folder(
                 path, backend, output, recipe=recipe, validate=validate, overwrite=overwrite, aoti=aoti,
                 allow_random_weights=allow_random_weights, max_seq_len=max_seq_len, opset=opset, optimize=optimize,
                 trust_remote_code=trust_remote_code, quantize=quantize, group_size=group_size, quantize_embeddings=qembedding,
-                kv_cache=kv_cache, custom_sdpa=custom_sdpa,
+                kv_cache=kv_cache, custom_sdpa=custom_sdpa, dtype=dtype,
             )
             parts = ", ".join(f"{name} ({part['file']})" for name, part in manifest["parts"].items())
             typer.echo(f"exported {manifest['model_class']} for generation with {backend} to {output}: {parts}")

@@ -28,7 +28,7 @@ from .deps import require
 from .errors import ExportStageError, HfExportersError, InputError, ParityError
 from .exporters._common import blamed_line, first_line
 from .folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder  # noqa: F401  (MANIFEST_NAME re-exported)
-from .precision import DTYPE_RTOL, cast_for_export, cast_to_executorch_backend, dtype_name, dtype_tolerance, parse_dtype
+from .precision import DTYPE_RTOL, cast_for_export, cast_to_executorch_backend, check_dtype_request, dtype_name, dtype_tolerance, parse_dtype
 from .runtime import check_parity, eager_outputs, resized_inputs
 from .runtime.embedding_accuracy import check_embedding_accuracy, sentence_batches
 from .shapes import is_symbolic, tensor_leaves
@@ -444,12 +444,7 @@ def export_to_folder(
     tolerance = exporter.default_atol if atol is None else atol
     torch_dtype = parse_dtype(dtype)
     reduced = torch_dtype is not None and torch_dtype != torch.float32
-    if reduced and quantize is not None:
-        raise InputError(f"--quantize {quantize} quantizes a float32 model; it cannot be combined with --dtype {dtype}")
-    if reduced and quantize_embeddings is not None:
-        raise InputError(f"--qembedding {quantize_embeddings} quantizes a float32 model; it cannot be combined with --dtype {dtype}")
-    if torch_dtype == torch.bfloat16 and backend == "executorch" and getattr(config, "backend", None) == "xnnpack":
-        raise InputError("--dtype bfloat16: XNNPACK has no bfloat16 kernels; export float16 or float32 with xnnpack, or bfloat16 with --recipe portable")
+    check_dtype_request(torch_dtype, dtype, backend, getattr(config, "backend", None), quantize, quantize_embeddings)
     float32_expected = None
     if torch_dtype is not None:
         was_float32 = all(p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point())

@@ -43,13 +43,14 @@ std::unique_ptr<PartRunner> load_executorch(const std::filesystem::path& path, c
 std::map<std::string, Tensor> run_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named,
                                           const std::string& part = "");
 
-/// Mean wall time in seconds of `repeat` forwards of the part (loaded once, one untimed warm-up run).
-double time_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named, const std::string& part, int repeat);
+/// Wall time in seconds of each of `repeat` forwards of the part (loaded once, one untimed warm-up run).
+std::vector<double> time_forward(const Manifest& manifest, const std::map<std::string, Tensor>& named, const std::string& part, int repeat);
 
 struct GenerationResult {
   std::vector<int64_t> ids;  // prompt then new tokens (batch 1)
   int new_tokens = 0;
   double seconds = 0.0;      // wall time of the loop (prefill and decode steps)
+  double prefill_seconds = 0.0;  // wall time of the prompt's forward (the first new token's logits)
 };
 
 /// Greedy generation over a decoder-only generation folder's prefill and decode parts, loaded once

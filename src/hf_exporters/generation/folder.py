@@ -26,7 +26,7 @@ from ..errors import InputError, ParityError
 from ..exporters.result import ExportResult
 from ..folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder
 from ..pipeline import describe_tensors, dynamic_axes, library_versions, make_config, make_exporter
-from ..precision import cast_to_executorch_backend
+from ..precision import DTYPE_RTOL, cast_for_export, cast_to_executorch_backend, check_dtype_request, dtype_name, parse_dtype
 from ..runtime.compare import compare_leaves, evaluation_mode, raise_if_eager_nonfinite
 from ..shapes import tensor_leaves
 from .accuracy import NEW_TOKENS, check_generation_accuracy, prompt_ids
@@ -74,6 +74,13 @@ class GenerationArtifacts(dict):
         self.backend_entries: dict[str, Any] = {}
         self.quantized = False
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the model's floating parameters are in (float32 when they are mixed or absent): the eager
+        reference the parts are checked against computes in it."""
+        held = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
+        return next(iter(held)) if len(held) == 1 else torch.float32
+
     def save_pretrained(
         self,
         directory: str | os.PathLike[str],
@@ -89,7 +96,9 @@ class GenerationArtifacts(dict):
 
         With ``validate``, each saved part is run in the backend's runtime on its example inputs and
         compared with the eager module (max abs difference, recorded as ``parity``; the tolerance is the
-        exporter's ``default_atol`` plus :data:`PARITY_RTOL` times the largest eager output value).
+        exporter's ``default_atol`` plus :data:`PARITY_RTOL` times the largest eager output value, plus
+        :data:`~hf_exporters.precision.DTYPE_RTOL` of the model's dtype times that value for a float16 or
+        bfloat16 model).
         A :attr:`quantized` folder is checked instead by running it as a generator, teacher-forced, over
         the fixed prompt set tokenized by ``preprocessor``: next-token top-1 agreement and KL divergence
         against float32 eager (:func:`~hf_exporters.generation.accuracy.check_generation_accuracy`,
@@ -117,6 +126,8 @@ class GenerationArtifacts(dict):
         if aoti and self.exporter.name != "dynamo":
             raise InputError(f"aoti compiles the dynamo backend's programs; these parts were exported with {self.exporter.name!r}")
         prompts = prompt_ids(preprocessor) if self.quantized and validate else None
+        dtype = self.dtype
+        rtol = PARITY_RTOL + DTYPE_RTOL.get(dtype, 0.0)  # a float16 model's parts: within float16's rounding of its outputs
         manifest: dict[str, Any] = {}
         # eager runs in eval mode, as the parts were traced; the model's training flags come back afterwards
         with staged_folder(out, manifest) as staging, evaluation_mode(self.model):
@@ -166,17 +177,17 @@ class GenerationArtifacts(dict):
                     worst = max((d.max_abs_diff for d in diffs), default=0.0)
                     # float32 rounding grows with the values' size (logits of tens): atol + rtol * max|eager|
                     scale = max((float(e.abs().max()) for e in expected if isinstance(e, torch.Tensor) and e.numel()), default=0.0)
-                    limit = self.exporter.default_atol + PARITY_RTOL * scale
+                    limit = self.exporter.default_atol + rtol * scale
                     ok = all(not d.nonfinite and d.max_abs_diff <= limit for d in diffs) and len(actual) == len(expected)
                     entry["aoti_parity" if path_checked != path else "parity"] = {
-                        "atol": self.exporter.default_atol, "rtol": PARITY_RTOL, "max_abs_eager": scale, "max_abs_diff": worst, "ok": ok
+                        "atol": self.exporter.default_atol, "rtol": rtol, "max_abs_eager": scale, "max_abs_diff": worst, "ok": ok
                     }
                     if not ok:
                         failing = [d.name for d in diffs if d.nonfinite or d.max_abs_diff > limit]
                         raise_if_eager_nonfinite(list(zip(part.output_names, expected)), failing)
                         raise ParityError(
                             f"part {name!r}{' (AOTInductor package)' if path_checked != path else ''}: outputs differ from eager beyond atol {self.exporter.default_atol} + "
-                            f"rtol {PARITY_RTOL} x max|eager| {scale:.3g} (max abs diff {worst:.3g}; {len(actual)} outputs vs {len(expected)} expected)"
+                            f"rtol {rtol} x max|eager| {scale:.3g} (max abs diff {worst:.3g}; {len(actual)} outputs vs {len(expected)} expected)"
                         )
                 parts_manifest[name] = entry
             genai = self._genai_layout(staging, parts_manifest, validate)
@@ -207,6 +218,8 @@ class GenerationArtifacts(dict):
                     "trust_remote_code": trust_remote_code,
                     "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "versions": library_versions(),
+                    # the dtype the parts compute in (float32, or float16 / bfloat16 from --dtype or the checkpoint)
+                    "dtype": dtype_name(dtype),
                     "parts": parts_manifest,
                     **(
                         {"program": {"file": str(shared.relative_to(staging)), "methods": list(self.methods.values()),
@@ -523,6 +536,7 @@ def export_generation_folder(
     quantize_embeddings: str | None = None,
     kv_cache: str = "io",
     custom_sdpa: bool = True,
+    dtype: str | None = None,
 ) -> dict[str, Any]:
     """Load the checkpoint folder ``model_path`` (or a hub id in the Hugging Face cache; a checkpoint with its own
     code only with ``trust_remote_code``), export its generation parts with ``backend`` and write ``output``.
@@ -538,6 +552,13 @@ def export_generation_folder(
     does; the folder is then checked by next-token accuracy against float32 eager on the fixed prompt set
     (:mod:`hf_exporters.generation.accuracy`), which needs the checkpoint's tokenizer.
 
+    ``dtype`` (``float16``, ``bfloat16``, ``float32`` or ``fp16``, ``bf16``, ``fp32``) casts the loaded model's
+    floating parameters and buffers before the parts are captured, so every part computes in it (an ExecuTorch
+    XNNPACK export keeps float16 instead of computing in float32); each part is then checked against eager in
+    that dtype within :data:`~hf_exporters.precision.DTYPE_RTOL` of its largest output. Without it the parts
+    compute in the checkpoint's dtype (an ExecuTorch backend casts to the dtype it computes in). The manifest's
+    ``dtype`` records it.
+
     Returns:
         the manifest written.
 
@@ -545,7 +566,8 @@ def export_generation_folder(
         InputError: the folder cannot be loaded, transformers initialised some of its weights at random
             (unless ``allow_random_weights``; a base-model checkpoint has no ``lm_head``), ``output``
             exists and is not empty (without ``overwrite``), ``quantize`` is ``int8-static`` (its
-            calibration would see one example per part), or a quantized export to validate has no tokenizer.
+            calibration would see one example per part), or a quantized export to validate has no tokenizer;
+            ``dtype`` is unknown, reduced with ``quantize`` or ``quantize_embeddings``, or bfloat16 for XNNPACK.
         ExportStageError, ParityError: as :func:`export_for_generation` and :meth:`GenerationArtifacts.save_pretrained`.
     """
     import transformers
@@ -554,6 +576,12 @@ def export_generation_folder(
         raise InputError("--quantize int8-static is not supported for generation exports: its calibration would see "
                          "one example prompt per part; use int8-dynamic")
     out = Path(output)
+    exporter = make_exporter(backend)
+    exporter_config = make_config(
+        exporter, True, recipe, max_seq_len, opset=opset, optimize=optimize, quantize=quantize, group_size=group_size, quantize_embeddings=quantize_embeddings
+    )
+    torch_dtype = parse_dtype(dtype)
+    check_dtype_request(torch_dtype, dtype, backend, getattr(exporter_config, "backend", None), quantize, quantize_embeddings)
     path = resolve_model(model_path)
     check_output_folder(out, overwrite, source=path)
     config = read_config(path, trust_remote_code)
@@ -561,15 +589,13 @@ def export_generation_folder(
     auto = transformers.AutoModelForSeq2SeqLM if seq2seq else transformers.AutoModelForCausalLM
     task = "text2text-generation" if seq2seq else "text-generation"
     preprocessor = load_preprocessor(path, trust_remote_code)
-    exporter = make_exporter(backend)
-    exporter_config = make_config(
-        exporter, True, recipe, max_seq_len, opset=opset, optimize=optimize, quantize=quantize, group_size=group_size, quantize_embeddings=quantize_embeddings
-    )
     if validate and (quantize is not None or quantize_embeddings is not None):
         # a quantized folder is checked on the tokenized prompts: refuse what cannot run them before loading
         _check_room_for_prompts(prompt_ids(preprocessor), exporter_config, seq2seq)
     model = load_pretrained(auto, path, f"task {task!r}", allow_random_weights, trust_remote_code)
-    if exporter.name == "executorch":
+    if torch_dtype is not None:
+        cast_for_export(model, {}, torch_dtype)  # the parts are captured from the cast model
+    elif exporter.name == "executorch":
         cast_to_executorch_backend(model, getattr(exporter_config, "backend", None))  # eager computes as the program does
     if validate and (quantize is not None or quantize_embeddings is not None) and getattr(model, "main_input_name", "input_ids") != "input_ids":
         raise InputError(

@@ -53,7 +53,8 @@ def prepare_for_xnnpack(model: torch.nn.Module, inputs: dict[str, Any]) -> tuple
     Remove when: never (the backend's entry point)
     """
     partition = require("executorch.backends.xnnpack.partition.xnnpack_partitioner", "The ExecuTorch XNNPACK backend")
-    asked = getattr(model, "hfx_export_dtype", None)  # set by --dtype (hf_exporters.precision.cast_for_export)
+    # set by --dtype (hf_exporters.precision.cast_for_export) on the model, which a generation part wraps
+    asked = next((m.hfx_export_dtype for m in model.modules() if hasattr(m, "hfx_export_dtype")), None)
     device, dtype = EXECUTORCH_COMPUTES["xnnpack"]
     model, inputs = _moved(model, inputs, device, torch.float16 if asked == torch.float16 else dtype)
     return model, inputs, [partition.XnnpackPartitioner()]
