@@ -27,6 +27,15 @@ def interleaved_ms(engines: dict[str, Callable[[], object]], runs: int, warmup: 
     return samples
 
 
+def command_line() -> str:
+    """The command that runs this benchmark as it was run: ``python benchmarks/<script>.py <arguments>``."""
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.argv[0]).resolve()
+    return " ".join(["python", f"benchmarks/{script.name}" if script.parent.name == "benchmarks" else str(sys.argv[0]), *sys.argv[1:]])
+
+
 def write_results(out: "Path", rows: list[dict], loads: list[float], **settings: object) -> dict:
     """Write ``{"meta": ..., "rows": rows}`` to ``out`` (JSON); ``meta`` holds the exact command, the Python,
     machine and core count, the 1-minute load average seen over the run (``loads``), the date and
@@ -38,7 +47,7 @@ def write_results(out: "Path", rows: list[dict], loads: list[float], **settings:
     from pathlib import Path
 
     meta = {
-        "command": " ".join(["python", str(Path(sys.argv[0]).as_posix()), *sys.argv[1:]]),
+        "command": command_line(),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),

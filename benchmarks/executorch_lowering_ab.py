@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _timing import command_line  # noqa: E402
 from executorch_profile import build_models, warm_xnnpack_patterns, without  # noqa: E402
 
 import torch  # noqa: E402
@@ -90,7 +91,7 @@ def main() -> int:
             "max_abs_eager": float(want.abs().max()),
             "load_average_1min": [round(x, 1) for x in loads],
         })
-    result = {"meta": {"without": left_out, "rounds": args.rounds, "torch": torch.__version__}, "rows": rows}
+    result = {"meta": {"command": command_line(), "without": left_out, "rounds": args.rounds, "torch": torch.__version__}, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print("\n| model | export s with | export s without | without / with | partitions with / without | max abs diff with / without | load |")

@@ -35,7 +35,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _timing import interleaved_ms  # noqa: E402
+from _timing import command_line, interleaved_ms  # noqa: E402
 import transformers  # noqa: E402
 
 transformers.utils.logging.set_verbosity_error()
@@ -176,6 +176,7 @@ def main() -> int:
             print(json.dumps(row), flush=True)
     result = {
         "meta": {
+            "command": command_line(),
             "python": platform.python_version(),
             "machine": platform.machine(),
             "threads": torch.get_num_threads(),

@@ -45,6 +45,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import command_line  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore")
 
@@ -349,6 +352,7 @@ def main() -> int:
             print(json.dumps({k: v for k, v in row.items() if k not in ("cprofile_top", "outside_xnnpack")}), flush=True)
     result = {
         "meta": {
+            "command": command_line(),
             "python": platform.python_version(),
             "machine": platform.machine(),
             "threads": torch.get_num_threads(),

@@ -42,6 +42,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import command_line  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore")
 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
@@ -274,6 +277,7 @@ def main() -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
     meta = {
+        "command": command_line(),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),

@@ -31,6 +31,9 @@ import time
 import warnings
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import command_line  # noqa: E402
+
 CASES = {
     "swin-dynamic-trace": "_patch_floordiv_cancels_without_simplify",
     "qwen35moe-dynamic-load": "_patch_parse_each_size_expression_once",
@@ -121,6 +124,7 @@ def main() -> None:
         rows.append({"case": case, "workaround": CASES[case], "with_s": with_s, "without_s": without_s, "ratio": without_s / with_s, "samples": times})
         print(f"{case}: with {with_s:.1f} s, without {without_s:.1f} s", file=sys.stderr)
     result = {
+        "command": command_line(),
         "rows": rows,
         "repeat": args.repeat,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
