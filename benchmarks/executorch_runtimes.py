@@ -27,11 +27,16 @@ accuracy check measures nothing a real checkpoint would). Engines:
   --qlinear_group_size 32 --qembedding 8w``), in ``benchmarks/.venv-optimum-executorch``
   (``setup_optimum_executorch_env.sh``: it cannot be installed beside our pins), run by the loop above.
 
+**MiniLM alone** (``--sections isolated``): eager float32 and the static fp32 ``.pte`` each timed in a fresh
+process of its own (``--runs`` forwards after 5 warm-ups), alternating for ``--rounds`` rounds. In one process
+the engines' thread pools (torch's OpenMP threads and XNNPACK's pthreadpool, each spinning a while after a
+run) can slow whichever engine runs next; apart, neither can.
+
 Figures: prefill milliseconds and decode tokens/s (the steps after the first token), medians over the rounds
 with min and max; ``.pte`` size on disk; whether the ids equal eager float32's.
 
 Usage: ``python benchmarks/executorch_runtimes.py [--rounds 5] [--runs 5] [--batches 1,8] [--seq 128]
-[--sections minilm,llama] [--variants fp32,fp16,8da8w,8da4w] [--json benchmarks/results/executorch_runtimes.json]``
+[--sections minilm,llama,isolated] [--variants fp32,fp16,8da8w,8da4w] [--json benchmarks/results/executorch_runtimes.json]``
 (``make cpp`` first). Ratios: ``× eager`` is eager's time over the engine's (above 1: faster than eager).
 """
 
@@ -146,6 +151,49 @@ def minilm_rows(root: Path, batches: list[int], seq: int, variants: list[str], r
             rows.append({"model": "MiniLM", "batch": batch, "seq": seq, "variant": "eager fp32" if name == "eager" else variant,
                          "runtime": runtime or "PyTorch", **{f"{k}_ms": round(v, 2) for k, v in stats.items()},
                          "x_eager": round(eager / stats["median"], 3), **about.get(variant, {})})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _forward_alone(target: str, batch: int, seq: int, runs: int) -> float:
+    """Median ms of ``runs`` forwards of MiniLM (eager when ``target`` is ``eager``, else the ``.pte`` at that
+    path) in this process, after 5 warm-ups, with nothing else loaded: the ``--worker`` side of ``isolated_rows``."""
+    model, tokenizer, _ = load_checkpoint(default_model_path())
+    inputs = {k: v for k, v in inputs_for(tokenizer, batch, seq).items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    if target == "eager":
+        fn = lambda: model(**inputs)  # noqa: E731
+    else:
+        runner = ExecutorchRunner(target)
+        fn = lambda: runner(inputs)  # noqa: E731
+    with torch.no_grad():
+        for _ in range(5):
+            fn()
+    return _median_ms(fn, runs)
+
+
+def isolated_rows(root: Path, batches: list[int], seq: int, rounds: int, runs: int, loads: list[float]) -> list[dict]:
+    """Eager float32 against the static fp32 ``.pte`` (executorch.runtime), each in a fresh process per
+    measurement, alternating, ``rounds`` times: no engine shares a process, so neither one's thread pool (torch's
+    OpenMP threads, XNNPACK's pthreadpool, both spinning a while after each run) can slow the other."""
+    model, tokenizer, _ = load_checkpoint(default_model_path())
+    rows = []
+    for batch in batches:
+        inputs = {k: v for k, v in inputs_for(tokenizer, batch, seq).items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        folder = root / f"minilm-b{batch}-fp32-alone"
+        export_to_folder(model, dict(inputs), "executorch", folder, dynamic=False, validate=False)
+
+        def measure(target: str, batch: int = batch) -> float:
+            done = subprocess.run([sys.executable, __file__, "--worker", target, str(batch), str(seq), str(runs)],
+                                  capture_output=True, text=True, check=True)
+            return float(done.stdout.strip().splitlines()[-1])
+
+        figures = _rounds({"eager": lambda: measure("eager"), "fp32": lambda folder=folder: measure(str(folder / "model.pte"))}, rounds, loads)
+        eager = statistics.median(figures["eager"])
+        for name, values in figures.items():
+            stats = _stats(values)
+            rows.append({"model": "MiniLM", "batch": batch, "seq": seq, "variant": "eager fp32" if name == "eager" else name,
+                         "runtime": "PyTorch" if name == "eager" else "executorch.runtime", "process": "its own, fresh each round",
+                         **{f"{k}_ms": round(v, 2) for k, v in stats.items()}, "x_eager": round(eager / stats["median"], 3)})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -298,14 +346,21 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--no-optimum", action="store_true", help="leave out optimum-executorch's exports")
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "executorch_runtimes.json")
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(2)
+    if args.worker:
+        target, batch, seq, runs = args.worker
+        print(_forward_alone(target, int(batch), int(seq), int(runs)))
+        return 0
     variants = args.variants.split(",")
     loads: list[float] = []
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="hfx-bench-") as tmp:
         if "minilm" in args.sections:
             rows += minilm_rows(Path(tmp), [int(b) for b in args.batches.split(",")], args.seq, variants, args.rounds, args.runs, loads)
+        if "isolated" in args.sections:
+            rows += isolated_rows(Path(tmp), [int(b) for b in args.batches.split(",")], args.seq, args.rounds, args.runs, loads)
         if "llama" in args.sections:
             rows += llama_rows(Path(tmp), variants, args.rounds, args.prompt_len, args.new_tokens, not args.no_optimum, loads)
     from importlib import metadata

@@ -31,7 +31,10 @@ its ``ORTModelForCausalLM.generate``, both in ``benchmarks/.venv-optimum`` (``se
 needs transformers < 4.58), on all cores as onnxruntime's default.
 
 Output: one row per (model, backend): median tokens/s with its spread over the rounds, ratio to eager
-tokens/s, peak RSS (MiB) and ratio to eager's peak RSS, the folder's size on disk (MiB) and whether the
+tokens/s, the prompt's forward (``prefill_ms``: a request for one new token) and each decode step
+(``decode_ms_per_token``: the whole request less that, over the steps after the first token), medians over
+the rounds, peak RSS (MiB) and ratio to eager's peak RSS, the folder's size on disk (MiB: optimum's without
+the checkpoint copy it was exported from) and whether the
 ids equal eager's (a quantized folder's need not); the results file holds the exact command, the
 parameter counts and the load average.
 """
@@ -47,6 +50,8 @@ import tempfile
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import command_line  # noqa: E402
 
 OPTIMUM_PYTHON = os.environ.get("OPTIMUM_PYTHON", os.path.join(os.path.dirname(os.path.abspath(__file__)), ".venv-optimum", "bin", "python"))
 
@@ -91,24 +96,30 @@ def worker(model_name: str, backend: str, folder: str, new_tokens: int, prompt_l
     inputs = _inputs(model_name, prompt_len)
     if backend == "eager":
         model = _model(model_name)
-        run = lambda: model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)  # noqa: E731
+        run = lambda n: model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)  # noqa: E731
     elif backend == "optimum":  # in the optimum environment
         from optimum.onnxruntime import ORTModelForCausalLM
 
         model = ORTModelForCausalLM.from_pretrained(folder)
-        run = lambda: model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)  # noqa: E731
+        run = lambda n: model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)  # noqa: E731
     else:
         from hf_exporters.generation import ExportedGenerator
 
         generator = ExportedGenerator.from_pretrained(folder, load_preprocessor=False)
-        run = lambda: generator.generate(**inputs, max_new_tokens=new_tokens)  # noqa: E731
+        run = lambda n: generator.generate(**inputs, max_new_tokens=n)  # noqa: E731
     with torch.no_grad():
-        run()  # warm-up (first-call allocation, ORT session warm-up)
+        run(new_tokens)  # warm-up (first-call allocation, ORT session warm-up)
         started = time.perf_counter()
-        ids = run()
+        run(1)  # the prompt's forward and the first token alone
+        prefill = time.perf_counter() - started
+        started = time.perf_counter()
+        ids = run(new_tokens)
         seconds = time.perf_counter() - started
     return {
         "tokens_per_s": new_tokens / seconds,
+        "prefill_ms": prefill * 1e3,
+        # each decode step: the whole request less the prompt's forward, over the steps after the first token
+        "decode_ms_per_token": (seconds - prefill) * 1e3 / max(new_tokens - 1, 1),
         "peak_rss_mib": _peak_mib(),
         "ids": ids.tolist(),
         "torch_threads": torch.get_num_threads(),
@@ -187,7 +198,8 @@ def main() -> None:
         kind, model_name, backend, folder, extra = args.worker
         if kind == "export":
             seconds = export(model_name, backend, folder, int(extra))
-            print(json.dumps({"export_s": seconds, "folder_mib": _folder_mib(folder)}))
+            # optimum's folder holds the checkpoint it was exported from: not part of the artifact
+            print(json.dumps({"export_s": seconds, "folder_mib": _folder_mib(folder) - _folder_mib(os.path.join(folder, "checkpoint"))}))
         else:
             new_tokens, prompt_len = map(int, extra.split(":"))
             print(json.dumps(worker(model_name, backend, folder, new_tokens, prompt_len)))
@@ -224,6 +236,10 @@ def main() -> None:
                     "tokens_per_s": statistics.median(speeds),
                     "tokens_per_s_min": min(speeds),
                     "tokens_per_s_max": max(speeds),
+                    "prefill_ms": statistics.median(r["prefill_ms"] for r in ok),
+                    "decode_ms_per_token": statistics.median(r["decode_ms_per_token"] for r in ok),
+                    "decode_ms_per_token_min": min(r["decode_ms_per_token"] for r in ok),
+                    "decode_ms_per_token_max": max(r["decode_ms_per_token"] for r in ok),
                     "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in ok),
                     "torch_threads": ok[0]["torch_threads"],
                     "runs": len(ok),
@@ -241,7 +257,7 @@ def main() -> None:
                     result["ids_equal"] = result["ids"] == eager["ids"]
                 rows.append({"model": model_name, "backend": engine, **exported.get(engine, {}), **result})
     print(f"rounds {args.rounds}, load average {min(loads):.1f} to {max(loads):.1f}")
-    print(f"{'model':6} {'backend':17} {'tok/s':>9} {'min-max':>15} {'x eager':>8} {'peak MiB':>9} {'x eager':>8} {'disk MiB':>9} {'ids==eager':>10}")
+    print(f"{'model':6} {'backend':17} {'tok/s':>9} {'min-max':>15} {'x eager':>8} {'prefill ms':>10} {'ms/step':>8} {'peak MiB':>9} {'x eager':>8} {'disk MiB':>9} {'ids==eager':>10}")
     for row in rows:
         if "error" in row:
             print(f"{row['model']:6} {row['backend']:17} error: {row['error']}")
@@ -249,11 +265,12 @@ def main() -> None:
         spread = f"{row['tokens_per_s_min']:.1f}-{row['tokens_per_s_max']:.1f}"
         print(
             f"{row['model']:6} {row['backend']:17} {row['tokens_per_s']:9.1f} {spread:>15} {row['speed_ratio']:8.2f} "
+            f"{row['prefill_ms']:10.1f} {row['decode_ms_per_token']:8.2f} "
             f"{row['peak_rss_mib']:9.0f} {row['memory_ratio']:8.2f} {row.get('folder_mib', 0.0):9.1f} {str(row['ids_equal']):>10}"
         )
     if args.json:
         meta = {
-            "command": " ".join(["python", "benchmarks/generation_speed.py", *sys.argv[1:]]),
+            "command": command_line(),
             "rounds": args.rounds,
             "cpus": os.cpu_count(),
             "load_average_1min": {"min": min(loads), "max": max(loads)},
