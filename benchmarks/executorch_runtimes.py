@@ -32,11 +32,16 @@ process of its own (``--runs`` forwards after 5 warm-ups), alternating for ``--r
 the engines' thread pools (torch's OpenMP threads and XNNPACK's pthreadpool, each spinning a while after a
 run) can slow whichever engine runs next; apart, neither can.
 
+**MiniLM accuracy** (``--sections accuracy``, no timing): each static batch-8 program's mean-pooled sentence
+embeddings against float32 eager over the 40 shipped sentences (min and mean cosine, nearest-neighbour
+agreement: the accuracy check a quantized export runs), with ``8da8w-8w`` and ``8da4w-8w`` adding
+``--qembedding 8w``, and each ``.pte``'s size.
+
 Figures: prefill milliseconds and decode tokens/s (the steps after the first token), medians over the rounds
 with min and max; ``.pte`` size on disk; whether the ids equal eager float32's.
 
 Usage: ``python benchmarks/executorch_runtimes.py [--rounds 5] [--runs 5] [--batches 1,8] [--seq 128]
-[--sections minilm,llama,isolated] [--variants fp32,fp16,8da8w,8da4w] [--json benchmarks/results/executorch_runtimes.json]``
+[--sections minilm,llama,isolated,accuracy] [--variants fp32,fp16,8da8w,8da4w] [--json benchmarks/results/executorch_runtimes.json]``
 (``make cpp`` first). Ratios: ``× eager`` is eager's time over the engine's (above 1: faster than eager).
 """
 
@@ -195,6 +200,31 @@ def isolated_rows(root: Path, batches: list[int], seq: int, rounds: int, runs: i
                          "runtime": "PyTorch" if name == "eager" else "executorch.runtime", "process": "its own, fresh each round",
                          **{f"{k}_ms": round(v, 2) for k, v in stats.items()}, "x_eager": round(eager / stats["median"], 3)})
             print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def accuracy_rows(root: Path, seq: int, loads: list[float]) -> list[dict]:
+    """Each MiniLM program's sentence embeddings against float32 eager over the 40 shipped sentences (the accuracy
+    check a quantized export runs: ``hf_exporters.runtime.embedding_accuracy``), and its size on disk; static
+    programs at batch 8 and ``seq`` tokens, ``8da8w-8w`` / ``8da4w-8w`` with ``--qembedding 8w`` too. No timing."""
+    from hf_exporters.pipeline import forward_parameters
+    from hf_exporters.runtime.embedding_accuracy import embedding_accuracy, sentence_batches
+
+    model, tokenizer, _ = load_checkpoint(default_model_path())
+    batches = sentence_batches(tokenizer, forward_parameters(model), batch=8, length=seq)
+    rows = []
+    for variant in ("fp32", "fp16", "8da8w", "8da8w-8w", "8da4w", "8da4w-8w"):
+        loads.append(os.getloadavg()[0])
+        dtype, quantize, _ = VARIANTS[variant.removesuffix("-8w")]
+        folder = root / f"minilm-accuracy-{variant}"
+        exported = copy.deepcopy(model) if dtype else model
+        export_to_folder(exported, dict(batches[0]), "executorch", folder, dynamic=False, validate=False, dtype=dtype, quantize=quantize,
+                         quantize_embeddings="8w" if variant.endswith("-8w") else None)
+        runner = ExecutorchRunner(folder / "model.pte")
+        measured = embedding_accuracy(model, lambda inputs, runner=runner: [torch.as_tensor(runner(inputs)[0]).float()], batches)
+        rows.append({"model": "MiniLM", "batch": 8, "seq": seq, "variant": variant, "size_mb": _size_mb(folder / "model.pte"),
+                     **{k: v for k, v in measured.as_dict().items() if k != "thresholds"}, "thresholds": measured.thresholds})
+        print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -359,6 +389,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hfx-bench-") as tmp:
         if "minilm" in args.sections:
             rows += minilm_rows(Path(tmp), [int(b) for b in args.batches.split(",")], args.seq, variants, args.rounds, args.runs, loads)
+        if "accuracy" in args.sections:
+            rows += accuracy_rows(Path(tmp), args.seq, loads)
         if "isolated" in args.sections:
             rows += isolated_rows(Path(tmp), [int(b) for b in args.batches.split(",")], args.seq, args.rounds, args.runs, loads)
         if "llama" in args.sections:

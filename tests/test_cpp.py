@@ -617,3 +617,23 @@ def test_repeat_prints_the_mean_median_and_spread(minilm_folder):
     assert found, result.stdout
     mean, median, low, high = map(float, found.groups())
     assert 0 < low <= median <= high and low <= mean <= high
+
+
+def test_cpp_drives_a_quantized_program_cache_with_a_group_size(tmp_path):
+    """8da4w in groups of 64 with int8 embeddings, the cache in the program: only the linears whose input
+    features are a multiple of 64 (each layer's down_proj, 64 in) take int4 weights, the rest stay float; hfx-run
+    and the Python generator give the same ids from the program."""
+    spread_tiny_llama(tmp_path / "ckpt")
+    folder = tmp_path / "q"
+    manifest = export_generation_folder(tmp_path / "ckpt", "executorch", folder, kv_cache="program", max_seq_len=24, quantize="8da4w",
+                                        group_size=64, quantize_embeddings="8w", validate=False)
+    quantization = manifest["executorch"]
+    assert (quantization["quantize"], quantization["group_size"], quantization["quantized_linears"], quantization["float_linears"]) == ("8da4w", 64, 2, 13)
+    assert (quantization["quantize_embeddings"], quantization["quantized_embeddings"]) == ("8w", 1)
+    assert manifest["parts"]["decode"]["cache"]["kind"] == "program" and manifest["parts"]["decode"]["parity"] is None
+    prompt = [5, 17, 33, 2, 71, 9]
+    python_ids = ExportedGenerator.from_pretrained(folder).generate(torch.tensor([prompt]), max_new_tokens=8)[0].tolist()
+    result = _hfx_run(folder, "--generate", "--input-ids", ",".join(map(str, prompt)), "--max-new-tokens", 8)
+    assert result.returncode == 0, result.stderr
+    assert [int(i) for i in re.search(r"^ids: (\S+)$", result.stdout, re.M).group(1).split(",")] == python_ids
+    assert len(set(python_ids[len(prompt):])) > 1
