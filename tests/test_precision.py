@@ -240,3 +240,26 @@ def test_xnnpack_keeps_float16_asked_for_on_a_wrapped_model():
     assert moved.inner.weight.dtype == torch.float16 and inputs["x"].dtype == torch.float16
     moved, inputs, _ = prepare_for_xnnpack(Step(torch.nn.Linear(4, 4).half()), {"x": torch.ones(1, 4, dtype=torch.float16)})
     assert moved.inner.weight.dtype == torch.float32 and inputs["x"].dtype == torch.float32
+
+
+def test_onnx_generation_folders_in_float16_run_and_in_bfloat16_are_refused(tmp_path):
+    """An ONNX generation folder in float16 runs in onnxruntime and generates float16 eager's ids; in bfloat16,
+    where onnxruntime's CPU provider lacks kernels, it is refused at export (validated or not), naming the
+    node, and nothing is written."""
+    from config_models import spread_tiny_llama
+    from hf_exporters.generation import ExportedGenerator, export_generation_folder
+
+    model = spread_tiny_llama(tmp_path / "ckpt")
+    manifest = export_generation_folder(tmp_path / "ckpt", "onnx", tmp_path / "fp16", dtype="float16")
+    assert manifest["dtype"] == "float16" and all(part["parity"]["ok"] for part in manifest["parts"].values())
+    ids = torch.tensor([[5, 17, 33, 2, 71, 9]])
+    with torch.no_grad():
+        eager = model.half().generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+    assert ExportedGenerator.from_pretrained(tmp_path / "fp16").generate(ids, max_new_tokens=8).tolist() == eager.tolist()
+    for validate in (True, False):
+        with pytest.raises(InputError) as caught:
+            export_generation_folder(tmp_path / "ckpt", "onnx", tmp_path / "bf16", dtype="bf16", validate=validate)
+        message = str(caught.value)
+        assert message.startswith("onnxruntime 1.32.0's CPU provider has no bfloat16 kernel for "), message
+        assert message.endswith(", so this artifact could not run there; export with --dtype float16 or float32")
+        assert not (tmp_path / "bf16").exists()

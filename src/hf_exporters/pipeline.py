@@ -307,7 +307,7 @@ def _sentence_batches(
     return sentence_batches(preprocessor, forward_parameters(model), batch=batch, length=length)
 
 
-def _load_onnx_in_dtype(exporter: Any, artifact: Path, dtype: torch.dtype) -> Any:
+def load_onnx_in_dtype(exporter: Any, artifact: Path, dtype: torch.dtype) -> Any:
     """The runner of the ONNX ``artifact`` exported in ``dtype``.
 
     Raises:
@@ -489,10 +489,10 @@ def export_to_folder(
         accuracy: dict[str, Any] = {}
         precision: dict[str, Any] = {"dtype": dtype_name(torch_dtype)} if torch_dtype is not None else {}
         if reduced and backend == "onnx" and not validate:
-            _load_onnx_in_dtype(exporter, artifact, torch_dtype)  # refused here, not when a user loads it
+            load_onnx_in_dtype(exporter, artifact, torch_dtype)  # refused here, not when a user loads it
         if validate:
             try:
-                runner = _load_onnx_in_dtype(exporter, artifact, torch_dtype) if reduced and backend == "onnx" else exporter.load_runner(artifact)
+                runner = load_onnx_in_dtype(exporter, artifact, torch_dtype) if reduced and backend == "onnx" else exporter.load_runner(artifact)
                 if float32_expected is not None:
                     precision["parity_float32"] = _check_float32_parity(exporter, runner, inputs, float32_expected, torch_dtype)
                 if sentences is not None:

@@ -86,7 +86,8 @@ def default_opset(level: str, newest: int) -> int:
     - from opset 23 SDPA is lowered to the ONNX ``Attention`` op. onnxruntime 1.32 has a CPU kernel
       for ``Attention``-23 but none for ``Attention``-24, which it runs as its function body (556
       nodes after its optimizer instead of 160 for MiniLM: casts, identities, a ``Where`` per mask
-      step): opset 23 took 0.92x (batch 1) and 0.95x (batch 8) the CPU time of opset 25;
+      step): opset 23 took 0.92x (batch 1) and 0.95x (batch 8) the CPU time of opset 25 (the
+      ``onnx_speed.json`` of commit 10a9543, whose run had an opset-25 row; later runs compare opsets 22 and 23);
     - ``Attention`` zeroes a query row whose every key is masked as eager does; below 23 torchlib's
       softmax decomposition returns the mean of the values there (a sequence whose attention mask is
       all zeros differs from eager);

@@ -25,7 +25,7 @@ from ..checkpoints import load_preprocessor, load_pretrained, read_config, resol
 from ..errors import InputError, ParityError
 from ..exporters.result import ExportResult
 from ..folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder
-from ..pipeline import describe_tensors, dynamic_axes, library_versions, make_config, make_exporter
+from ..pipeline import describe_tensors, dynamic_axes, library_versions, load_onnx_in_dtype, make_config, make_exporter
 from ..precision import DTYPE_RTOL, cast_for_export, cast_to_executorch_backend, check_dtype_request, dtype_name, parse_dtype
 from ..runtime.compare import compare_leaves, evaluation_mode, raise_if_eager_nonfinite
 from ..shapes import tensor_leaves
@@ -116,7 +116,8 @@ class GenerationArtifacts(dict):
 
         Raises:
             InputError: ``directory`` exists, is not empty and ``overwrite`` is False; ``aoti`` for another
-                backend; a quantized folder to validate without a tokenizer (``preprocessor``).
+                backend; a quantized folder to validate without a tokenizer (``preprocessor``); an ONNX part in
+                float16 or bfloat16 that onnxruntime's CPU provider has no kernel for (validated or not).
             ParityError: a part's outputs differ from eager beyond the exporter's ``default_atol``; a
                 quantized folder's next-token accuracy is below the thresholds.
             ExportStageError: the AOTInductor compile failed.
@@ -160,6 +161,8 @@ class GenerationArtifacts(dict):
                     **(self.results[name].manifest_entries() if name in self.results else {}),
                 }
                 checked = [path]
+                if self.exporter.name == "onnx" and DTYPE_RTOL.get(dtype, 0.0) > 0:
+                    load_onnx_in_dtype(self.exporter, path, dtype)  # refused here, validated or not, not when a user loads it
                 if aoti:
                     package = self.exporter.compile_aoti(artifact, folder / ("model" + AOTI_SUFFIX))
                     entry["aoti_package"] = str(package.relative_to(staging))
