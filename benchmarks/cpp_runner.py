@@ -31,6 +31,7 @@ import torch  # noqa: E402
 import transformers as tf  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import command_line  # noqa: E402
 from generation_speed import CONFIGS  # noqa: E402
 
 from hf_exporters.generation import ExportedGenerator, export_generation_folder  # noqa: E402
@@ -131,7 +132,8 @@ def main() -> int:
         print(f"| {r['model']} | {r['eager_tokens_per_s']:.1f} | {r['executorch_python_tokens_per_s']:.1f} | {r['executorch_python_x_eager']:.2f} | "
               f"{r['hfx_run_tokens_per_s']:.1f} | {r['hfx_run_x_eager']:.2f} | {same} |")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"forward": forward, "generation": generation, "torch_threads": torch.get_num_threads()}, indent=2) + "\n")
+    args.json.write_text(json.dumps({"command": command_line(), "forward": forward, "generation": generation,
+                                     "torch_threads": torch.get_num_threads()}, indent=2) + "\n")
     return 0
 
 

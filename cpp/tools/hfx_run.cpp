@@ -3,9 +3,9 @@
 //   hfx-run DIR --inputs in.safetensors [--part NAME] [--expect out.safetensors [--atol A]] [--output out.safetensors]
 //           [--repeat N]   (N more timed forwards after the first: prints their mean, median, min and max in ms)
 //   hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID] [--warmup]
-//           (--warmup: one untimed 2-token generation first, so the runtime's first-run work, such as
-//           XNNPACK packing its weights, is not counted in tokens/s; prints the prompt's forward in ms and
-//           the decode steps' tokens/s on their own too)
+//           (prints the ids, the loop's tokens/s, and on their own the prompt's forward in ms and the decode
+//           steps' tokens/s; --warmup: one untimed 2-token generation first, so the runtime's first-run work,
+//           such as XNNPACK packing its weights, is not counted)
 //
 // Exit status: 0 done (and, with --expect, every output compared and within --atol), 1 an error or a
 // usage error such as a bad flag value (one "error: ..." line on stderr), 2 a parity failure: an
@@ -37,6 +37,8 @@ namespace {
 const char* kUsage =
     "usage: hfx-run DIR --inputs in.safetensors [--part NAME] [--expect out.safetensors [--atol A]] [--output out.safetensors] [--repeat N]\n"
     "       hfx-run DIR --generate --input-ids 1,2,3 [--max-new-tokens N] [--eos-token-id ID] [--warmup]\n"
+    "--repeat N: N more timed forwards after the first; prints their mean, median, min and max in ms\n"
+    "--generate: prints the ids, tokens/s, the prompt's forward in ms and the decode steps' tokens/s\n"
     "--atol A: a finite number >= 0 (default 1e-3)\n"
     "--eos-token-id ID: stop at ID (default: the folder's generation_config.json eos_token_id)\n"
     "exit status: 0 done (with --expect: every output compared and within --atol); 1 an error or a bad flag;\n"

@@ -324,7 +324,8 @@ def load_onnx_in_dtype(exporter: Any, artifact: Path, dtype: torch.dtype) -> Any
         op, version, node = found
         raise InputError(
             f"onnxruntime {library_versions().get('onnxruntime', '')}'s CPU provider has no {dtype_name(dtype)} kernel for "
-            f"{op}-{version} (node {node}), so this artifact could not run there; export with --dtype float16 or float32"
+            f"{op}-{version} (node {node}), so this artifact could not run there; export with --dtype "
+            + ("float16 or float32" if dtype != torch.float16 else "float32")
         ) from error
 
 

@@ -76,10 +76,15 @@ class GenerationArtifacts(dict):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype the model's floating parameters are in (float32 when they are mixed or absent): the eager
-        reference the parts are checked against computes in it."""
+        """The dtype the parts compute in: ``--dtype``'s when it was asked for, else the reduced precision (float16,
+        bfloat16) some of the model's floating parameters are in (a checkpoint may keep a few modules in float32),
+        the loosest of them when there are two, else float32."""
+        asked = getattr(self.model, "hfx_export_dtype", None)
+        if asked is not None:
+            return asked
         held = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
-        return next(iter(held)) if len(held) == 1 else torch.float32
+        reduced = [d for d in held if DTYPE_RTOL.get(d, 0.0) > 0]
+        return max(reduced, key=DTYPE_RTOL.__getitem__) if reduced else torch.float32
 
     def save_pretrained(
         self,
