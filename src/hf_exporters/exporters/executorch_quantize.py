@@ -27,7 +27,7 @@ Why torchao's ``quantize_`` before the trace and not PT2E (``prepare_pt2e`` / ``
 ``XNNPACKQuantizer``): the XNNPACK quantizer of the pinned executorch 1.4.1 describes weights per tensor or per
 output channel only (``get_symmetric_quantization_config``: no group size), so it cannot express ``8da4w``'s
 int4 weights in groups of 32, the mode that makes a decoder small and fast; ExecuTorch's own LLM export and
-optimum-executorch quantize linears with torchao's configs for the same reason. One path serves both modes,
+optimum-executorch also quantize linears with torchao's configs. One path serves both modes,
 so ``8da8w`` (which PT2E could express) takes it too; XNNPACK's partitioner claims the pattern either path
 leaves (``dequantize_affine`` / ``choose_qparams_affine`` around ``linear``), as the delegated-op tests check.
 
