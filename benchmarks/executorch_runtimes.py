@@ -69,7 +69,7 @@ import transformers  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import write_results  # noqa: E402
 from executorch_latency import inputs_for  # noqa: E402
-from generation_speed import CONFIGS  # noqa: E402
+from generation_speed import CONFIGS, _model  # noqa: E402
 
 transformers.utils.logging.set_verbosity_error()
 
@@ -229,9 +229,8 @@ def accuracy_rows(root: Path, seq: int, loads: list[float]) -> list[dict]:
 
 
 def _llama(checkpoint: Path) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(**CONFIGS["100m"], eos_token_id=None, max_position_embeddings=512)
-    model = transformers.LlamaForCausalLM(config).eval()
+    """generation_speed's ~100M Llama (seed 0), saved to ``checkpoint`` for both exporters."""
+    model = _model("100m")
     model.save_pretrained(checkpoint)
     return model
 

@@ -28,7 +28,7 @@ from .deps import require
 from .errors import ExportStageError, HfExportersError, InputError, ParityError
 from .exporters._common import blamed_line, first_line
 from .folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder  # noqa: F401  (MANIFEST_NAME re-exported)
-from .precision import DTYPE_RTOL, cast_for_export, cast_to_executorch_backend, check_dtype_request, dtype_name, dtype_tolerance, parse_dtype
+from .precision import DTYPE_RTOL, cast_for_export, cast_to_executorch_backend, check_dtype_request, dtype_name, dtype_tolerance
 from .runtime import check_parity, eager_outputs, resized_inputs
 from .runtime.embedding_accuracy import check_embedding_accuracy, sentence_batches
 from .shapes import is_symbolic, tensor_leaves
@@ -443,9 +443,8 @@ def export_to_folder(
         quantize_embeddings=quantize_embeddings,
     )
     tolerance = exporter.default_atol if atol is None else atol
-    torch_dtype = parse_dtype(dtype)
+    torch_dtype = check_dtype_request(dtype, backend, getattr(config, "backend", None), quantize, quantize_embeddings)
     reduced = torch_dtype is not None and torch_dtype != torch.float32
-    check_dtype_request(torch_dtype, dtype, backend, getattr(config, "backend", None), quantize, quantize_embeddings)
     float32_expected = None
     if torch_dtype is not None:
         was_float32 = all(p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point())

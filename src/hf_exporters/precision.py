@@ -51,14 +51,16 @@ def parse_dtype(name: str | None) -> torch.dtype | None:
 
 
 def check_dtype_request(
-    torch_dtype: torch.dtype | None, dtype: str | None, backend: str, recipe: str | None, quantize: str | None, quantize_embeddings: str | None
-) -> None:
-    """Refuse a ``--dtype`` request the export cannot honour, before the model loads.
+    dtype: str | None, backend: str, recipe: str | None, quantize: str | None, quantize_embeddings: str | None
+) -> torch.dtype | None:
+    """The torch dtype ``dtype`` names (:func:`parse_dtype`), after refusing a request the export cannot honour,
+    before the model loads.
 
     Raises:
-        InputError: a reduced ``torch_dtype`` (float16, bfloat16) with ``quantize`` or ``quantize_embeddings``
+        InputError: an unknown name; a reduced dtype (float16, bfloat16) with ``quantize`` or ``quantize_embeddings``
             (both quantize a float32 model); bfloat16 for ExecuTorch's ``xnnpack`` ``recipe`` (no bfloat16 kernels).
     """
+    torch_dtype = parse_dtype(dtype)
     reduced = torch_dtype is not None and torch_dtype != torch.float32
     if reduced and quantize is not None:
         raise InputError(f"--quantize {quantize} quantizes a float32 model; it cannot be combined with --dtype {dtype}")
@@ -66,6 +68,7 @@ def check_dtype_request(
         raise InputError(f"--qembedding {quantize_embeddings} quantizes a float32 model; it cannot be combined with --dtype {dtype}")
     if torch_dtype == torch.bfloat16 and backend == "executorch" and recipe == "xnnpack":
         raise InputError("--dtype bfloat16: XNNPACK has no bfloat16 kernels; export float16 or float32 with xnnpack, or bfloat16 with --recipe portable")
+    return torch_dtype
 
 
 def dtype_name(dtype: torch.dtype) -> str:

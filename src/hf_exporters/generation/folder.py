@@ -26,7 +26,7 @@ from ..errors import InputError, ParityError
 from ..exporters.result import ExportResult
 from ..folders import AOTI_SUFFIX, MANIFEST_NAME, check_output_folder, staged_folder
 from ..pipeline import describe_tensors, dynamic_axes, library_versions, load_onnx_in_dtype, make_config, make_exporter
-from ..precision import DTYPE_RTOL, cast_for_export, cast_to_executorch_backend, check_dtype_request, dtype_name, parse_dtype
+from ..precision import DTYPE_RTOL, cast_for_export, cast_to_executorch_backend, check_dtype_request, dtype_name
 from ..runtime.compare import compare_leaves, evaluation_mode, raise_if_eager_nonfinite
 from ..shapes import tensor_leaves
 from .accuracy import NEW_TOKENS, check_generation_accuracy, prompt_ids
@@ -166,8 +166,9 @@ class GenerationArtifacts(dict):
                     **(self.results[name].manifest_entries() if name in self.results else {}),
                 }
                 checked = [path]
+                loaded = None  # the part's runner, when loading it was a check of its own
                 if self.exporter.name == "onnx" and DTYPE_RTOL.get(dtype, 0.0) > 0:
-                    load_onnx_in_dtype(self.exporter, path, dtype)  # refused here, validated or not, not when a user loads it
+                    loaded = load_onnx_in_dtype(self.exporter, path, dtype)  # refused here, validated or not, not when a user loads it
                 if aoti:
                     package = self.exporter.compile_aoti(artifact, folder / ("model" + AOTI_SUFFIX))
                     entry["aoti_package"] = str(package.relative_to(staging))
@@ -176,7 +177,10 @@ class GenerationArtifacts(dict):
                 if self.quantized:
                     entry["parity"] = None  # int8/int4 weights: judged by next-token accuracy below
                 for path_checked in checked if validate and not self.quantized else []:
-                    runner = self.exporter.load_runner(path_checked, method) if method is not None else self.exporter.load_runner(path_checked)
+                    if path_checked == path and loaded is not None:
+                        runner = loaded
+                    else:
+                        runner = self.exporter.load_runner(path_checked, method) if method is not None else self.exporter.load_runner(path_checked)
                     with torch.no_grad():
                         expected = (part.reference() if part.reference else part.module)(**_copy_inputs(part.inputs))
                     expected = list(expected) if isinstance(expected, tuple) else [expected]
@@ -588,8 +592,7 @@ def export_generation_folder(
     exporter_config = make_config(
         exporter, True, recipe, max_seq_len, opset=opset, optimize=optimize, quantize=quantize, group_size=group_size, quantize_embeddings=quantize_embeddings
     )
-    torch_dtype = parse_dtype(dtype)
-    check_dtype_request(torch_dtype, dtype, backend, getattr(exporter_config, "backend", None), quantize, quantize_embeddings)
+    torch_dtype = check_dtype_request(dtype, backend, getattr(exporter_config, "backend", None), quantize, quantize_embeddings)
     path = resolve_model(model_path)
     check_output_folder(out, overwrite, source=path)
     config = read_config(path, trust_remote_code)
