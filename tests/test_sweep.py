@@ -810,6 +810,31 @@ def test_reports_from_a_synthetic_results_file(tmp_path: Path) -> None:
     assert "- ours onnx dynamic cache off: 1 of 2 passes ran one input set only: A." in (tmp_path / "report.md").read_text()
 
 
+def test_the_report_lists_classes_moved_to_degenerate_and_mended_back(tmp_path: Path) -> None:
+    def at(revision: str, record: dict) -> dict:
+        return {**record, "revision": revision, "cache": "default"}
+
+    degenerate = ("fail", "signal", "degenerate model")
+    records = [
+        at("old", _record("ours", "onnx", False, "A", "pass")),  # a pass the signal rule takes away
+        at("old", _record("ours", "onnx", False, "B", *degenerate)),  # mended: passes at the headline
+        at("old", _record("ours", "onnx", False, "C", *degenerate)),
+        at("new", _record("ours", "onnx", False, "A", *degenerate)),
+        at("new", _record("ours", "onnx", False, "B", "pass")),
+        at("new", _record("ours", "onnx", False, "C", *degenerate)),
+        at("new", _record("ours", "onnx", False, "D", "pass")),
+    ]
+    summary = report.write_reports(tmp_path, records, {"versions": {"transformers": "x"}}, revision="new")
+    assert summary["signal_changes"] == {
+        "degenerate": {"A": ["ours onnx static cache default"], "C": ["ours onnx static cache default"]},
+        "moved": {"A": ["ours onnx static cache default"]},
+        "mended": {"B": ["ours onnx static cache default"]},
+    }
+    text = (tmp_path / "report.md").read_text()
+    assert "### Degenerate at the headline revision: 2 classes\n\n- A (1 jobs: ours onnx static cache default)\n- C (1 jobs" in text
+    assert "### Mended back to passes: 1 classes\n\n- B (1 jobs: ours onnx static cache default)\n" in text
+
+
 def test_failure_kinds_rank_by_classes_and_split_setup_from_export() -> None:
     records = [
         _record("ours", "onnx", False, "A", "fail", "eager", "shape error"),

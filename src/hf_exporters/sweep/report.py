@@ -328,6 +328,66 @@ def compare_engines(records: list[dict[str, Any]]) -> dict[str, list[str]]:
     return {"ours_pass_upstream_fails": ours_only, "upstream_pass_ours_fails": upstream_only}
 
 
+def signal_changes(records: list[dict[str, Any]], revision: str | None, selection: dict[str, Any] | None = None) -> dict[str, dict[str, list[str]]]:
+    """What the signal rule (:mod:`~.signal_check`) did to the selected classes, per class the groups (``engine backend
+    shapes cache``) concerned, from the latest record of each job:
+
+    - ``degenerate``: judged ``degenerate model`` at the headline ``revision``;
+    - ``moved``: of those, the jobs that passed at another revision (a pass the rule took away);
+    - ``mended``: jobs that were ``degenerate model`` at another revision and pass at the headline (a tiny model
+      mended to carry signal: :func:`~.tiny.raise_init_scales` and its neighbours).
+
+    Empty lists when ``revision`` is None (every record is the headline's, no other revision to compare with)."""
+    selected = _selection(records, selection)
+    in_pool = [r for r in records if r["model_class"] in _pool(selected, shapes_of(r), cache_of(r))]
+    at = {r["key"]: r for r in latest([r for r in in_pool if revision is None or r.get("revision") == revision])}
+    before: dict[str, set[str]] = collections.defaultdict(set)
+    for r in in_pool:
+        if revision is not None and r.get("revision") != revision:
+            before[r["key"]].add("degenerate" if _is_degenerate(r) else r["outcome"])
+    out: dict[str, dict[str, list[str]]] = {"degenerate": {}, "moved": {}, "mended": {}}
+    for key, r in sorted(at.items()):
+        label = f"{r['engine']} {backend_of(r)} {shapes_of(r)} cache {cache_of(r)}"
+        kind = "degenerate" if _is_degenerate(r) else None
+        if kind:
+            out["degenerate"].setdefault(r["model_class"], []).append(label)
+            if "pass" in before.get(key, ()):
+                out["moved"].setdefault(r["model_class"], []).append(label)
+        elif r["outcome"] == "pass" and "degenerate" in before.get(key, ()):
+            out["mended"].setdefault(r["model_class"], []).append(label)
+    return out
+
+
+def _signal_lines(summary: dict[str, Any]) -> list[str]:
+    changes = summary.get("signal_changes")
+    if not changes:
+        return []
+
+    def listing(by_class: dict[str, list[str]]) -> list[str]:
+        return [f"- {cls} ({len(groups)} jobs: {', '.join(groups)})" for cls, groups in sorted(by_class.items())] or ["- (none)"]
+
+    return [
+        "## Signal rule: degenerate and mended classes",
+        "",
+        "From the latest record of each job of the selected classes. A job *moved* to `degenerate model` passed at an "
+        "earlier revision and fails the signal rule at the headline; a job *mended* was `degenerate model` at an earlier "
+        "revision and passes at the headline, its tiny model now carrying signal.",
+        "",
+        f"### Degenerate at the headline revision: {len(changes['degenerate'])} classes",
+        "",
+        *listing(changes["degenerate"]),
+        "",
+        f"### Moved to degenerate (passed at an earlier revision): {len(changes['moved'])} classes",
+        "",
+        *listing(changes["moved"]),
+        "",
+        f"### Mended back to passes: {len(changes['mended'])} classes",
+        "",
+        *listing(changes["mended"]),
+        "",
+    ]
+
+
 #: stages of the sweep's own setup (before any export): failures there say nothing of the exporters
 SETUP_STAGES = ("tiny config", "inputs", "eager", "signal")
 
@@ -491,6 +551,7 @@ def write_reports(
     summary["top_failure_kinds"] = top_failure_kinds(rows)
     summary["top_export_failure_kinds"] = top_failure_kinds(rows, engine="ours", export_side=True)
     summary["engine_differences"] = compare_engines(rows)
+    summary["signal_changes"] = signal_changes(records, summary["headline_revision"], selection)
     (directory / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
     (directory / "report.md").write_text(render_markdown(summary))
     write_chart(directory / "pass_rates.png", summary)
@@ -597,6 +658,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines.append("")
     lines += [f"- {x}" for x in diff.get("upstream_pass_ours_fails", [])[:100]] or ["- (none)"]
     lines.append("")
+    lines += _signal_lines(summary)
     lines += _history_table(summary)
     return "\n".join(lines)
 
