@@ -234,6 +234,47 @@ def test_tiny_models_have_no_tied_scores_from_their_init(tmp_path: Path) -> None
     assert "d_fine" in VANISHING_CONVOLUTIONS and "rt_detr" not in VANISHING_CONVOLUTIONS
 
 
+def test_weight_normalised_convolutions_of_codec_decoders_get_a_gain_of_one() -> None:
+    """A weight-normalised convolution of a codec family (transposed too, its fan-in ``in * kernel / stride``) below
+    a gain of 0.9 has its ``g`` scaled to a gain of one; a plain module and one already at gain are left alone."""
+    from torch.nn.utils.parametrizations import weight_norm
+
+    from hf_exporters.sweep.job import VANISHING_CONVOLUTIONS, _unit_gain_weight_norm_convolutions
+
+    torch.manual_seed(0)
+    decoder = torch.nn.Sequential(
+        weight_norm(torch.nn.ConvTranspose1d(64, 32, kernel_size=8, stride=4)),
+        weight_norm(torch.nn.Conv1d(32, 32, kernel_size=3)),
+        torch.nn.Conv1d(32, 32, kernel_size=3),  # not weight-normalised: not this function's
+    )
+    with torch.no_grad():
+        decoder[0].parametrizations.weight.original0.mul_(0.02)
+        decoder[1].parametrizations.weight.original0.fill_(1.0)  # |row| = 1 over 96 inputs: a gain of about 1
+        plain = decoder[2].weight.clone()
+        assert _unit_gain_weight_norm_convolutions(decoder) == ["0.parametrizations.weight.original0"]
+    gain = float(decoder[0].weight.std()) * (64 * 8 / 4) ** 0.5
+    assert abs(gain - 1.0) < 1e-4
+    assert torch.equal(decoder[2].weight, plain)
+    assert {"encodec", "dac"} <= set(VANISHING_CONVOLUTIONS)
+
+
+def test_codec_decoders_and_the_diarization_head_carry_signal() -> None:
+    """Encodec's and DAC's decoded audio moved by 3e-5 and 1.5e-5 between two inputs, and Nemotron 3.5
+    Transcribe's speaker logits were 5e-3 at most: below the signal floor, degenerate models. Built by the sweep
+    they carry signal."""
+    from hf_exporters.runtime.compare import eager_outputs
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model, check_signal
+
+    for name in ("EncodecModel", "DacModel", "Nemotron3_5TranscribeAudioModel"):
+        model = build_model(name, use_cache=None)
+        inputs = build_inputs(model)
+        record: dict = {}
+        check_signal(model, inputs, eager_outputs(model, inputs), record)
+        assert record["signal"]["ok"], (name, record["signal"])
+        assert record["signal"]["main_change"] > 0.05, (name, record["signal"]["main_change"])
+
+
 def test_single_sample_families_get_batch_one_inputs() -> None:
     """TVP views a (width, hidden) position table as (batch, 1, width, hidden): eager fails on the
     sweep's batch of two ("shape '[2, 1, 1, 64]' is invalid for input of size 64") and runs on one."""

@@ -187,6 +187,12 @@ VANISHING_CONVOLUTIONS: dict[str, str] = {
     " features reach zero and the top-k query selection picks among exact ties, which eager and"
     " onnxruntime break differently"
     for family in ("d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3", "pp_doclayout_v4")
+} | {
+    family: "its decoder upsamples the quantized latents through weight-normalised transposed convolutions with no"
+    " normalisation between them, each dividing the signal about threefold at the init scale while the residual units'"
+    " biases stay: the tiny model's decoded audio changed by 3e-5 (Encodec) and 1.5e-5 (DAC) between two inputs, below"
+    " the signal floor (sweep.signal_check); at a gain of one it carries signal"
+    for family in ("encodec", "dac")
 }
 
 
@@ -213,8 +219,10 @@ def undo_degenerate_init(model: Any, std: float) -> list[str]:
       ``exp`` (as CLIP's and SigLIP's are, where 0 is a scale of 1), so at the zero init every logit is 0.
     - In the families of :data:`VANISHING_CONVOLUTIONS` (keyed by ``config.model_type``), a convolution
       (not transposed) whose gain ``std(weight) * sqrt(fan_in)`` is below 0.3 is drawn from N(0, 1 / fan_in),
-      a gain of one: every such convolution of the model, backbone or head, a zero-initialised one too. Only these families: elsewhere such a convolution is followed by a normalisation that
-      restores the scale, and re-drawing it would change a tiny model for nothing.
+      a gain of one: every such convolution of the model, backbone or head, a zero-initialised one too. A
+      weight-normalised convolution (transposed too) of these families below a gain of 0.9 is scaled to one
+      (:func:`_unit_gain_weight_norm_convolutions`). Only these families: elsewhere such a convolution is followed by
+      a normalisation that restores the scale, and re-drawing it would change a tiny model for nothing.
 
     Eager and each runtime break ties their own way, so without this the sweep reports numeric
     mismatches that no trained checkpoint can show. Drawn with a fixed seed: the tiny model stays
@@ -249,6 +257,40 @@ def undo_degenerate_init(model: Any, std: float) -> list[str]:
             else:
                 continue
             changed.append(f"{name}.weight")
+        if redraw_convolutions:
+            changed += _unit_gain_weight_norm_convolutions(model)
+    return changed
+
+
+def _unit_gain_weight_norm_convolutions(model: Any) -> list[str]:
+    """Scale every weight-normalised convolution of ``model`` (``weight = g * v / |v|``, the ``original0`` and
+    ``original1`` of a ``torch.nn.utils.parametrizations.weight_norm``), transposed ones included, whose gain
+    ``std(weight) * sqrt(fan_in)`` is below 0.9 to a gain of one, by scaling ``g``; returns the names scaled.
+
+    A transposed convolution's fan-in is ``in_channels * kernel / stride`` (the inputs each output sums over).
+    Codec decoders (Encodec, DAC) upsample through such layers, each dividing the signal about threefold at the
+    init scale, with residual units whose biases then dominate: the decoded audio ends the same for every input."""
+    import math
+
+    import torch
+    from torch.nn.utils import parametrize
+
+    changed = []
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.modules.conv._ConvNd) or not parametrize.is_parametrized(module, "weight"):
+            continue
+        parametrization = module.parametrizations.weight
+        if not hasattr(parametrization, "original0"):
+            continue
+        weight = module.weight
+        if module.transposed:
+            fan_in = weight.shape[0] * weight[0, 0].numel() / math.prod(module.stride)
+        else:
+            fan_in = weight[0].numel()
+        gain = weight.float().std().item() * math.sqrt(fan_in)
+        if 0 < gain < 0.9:
+            parametrization.original0.mul_(1.0 / gain)
+            changed.append(f"{name}.parametrizations.weight.original0")
     return changed
 
 

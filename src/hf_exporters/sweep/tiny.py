@@ -485,6 +485,7 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
             ("lightglue", "the matching scores were 5e-5 at most"),
             ("pp_doclayout_v4", "the reading-order logits were 3e-3 at most"),
             ("fastspeech2_conformer_hifigan", "the vocoder's waveform was 2e-3 at most"),
+            ("nemotron3_diarization", "the speaker logits of Nemotron 3.5 Transcribe's diarization head were 5e-3 at most"),
             *((vision, "the patch merger's pooled output was 4e-3 at most") for vision in (
                 "glm4v_vision", "glm4v_moe_vision", "glm5_next_vision", "glm_ocr_vision")),
             ("pe_audio_encoder", "the encoder's output moved 4e-3 at most with the audio"),
