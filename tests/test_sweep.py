@@ -275,6 +275,32 @@ def test_codec_decoders_and_the_diarization_head_carry_signal() -> None:
         assert record["signal"]["main_change"] > 0.05, (name, record["signal"]["main_change"])
 
 
+def test_task_heads_are_drawn_at_a_gain_of_one_and_their_logits_carry_signal() -> None:
+    """RoFormer's sequence classifier (dense then out_proj, both at 0.02) gave logits of 7.7e-3 at most: degenerate.
+    The sweep draws the head's linears at a gain of one; the base model and its tied weights are untouched."""
+    from hf_exporters.runtime.compare import eager_outputs
+    from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.job import build_model, check_signal, unit_gain_task_head
+
+    model = build_model("RoFormerForSequenceClassification", use_cache=None)
+    for layer in (model.classifier.dense, model.classifier.out_proj):
+        assert abs(float(layer.weight.detach().std()) * layer.weight.shape[1] ** 0.5 - 1.0) < 0.25
+    inputs = build_inputs(model)
+    record: dict = {}
+    check_signal(model, inputs, eager_outputs(model, inputs), record)
+    assert record["signal"]["ok"] and record["signal"]["leaves"][0]["max_abs"] > 0.1, record["signal"]
+    assert unit_gain_task_head(model, "RoFormerForSequenceClassification") == []  # at gain already
+    base = build_model("RoFormerModel", use_cache=None)
+    assert torch.equal(base.encoder.layer[0].attention.self.query.weight, model.roformer.encoder.layer[0].attention.self.query.weight)
+    lm = build_model("RoFormerForMaskedLM", use_cache=None)
+    assert unit_gain_task_head(lm, "RoFormerForMaskedLM") == []  # not a head of TASK_HEADS: the init scale stays
+    embeddings = lm.roformer.embeddings.word_embeddings.weight.clone()
+    # asked as a classifier, its prediction head's dense is drawn, its decoder tied to the embeddings is not
+    assert unit_gain_task_head(lm, "RoFormerForSequenceClassification") == ["cls.predictions.transform.dense"]
+    assert lm.cls.predictions.decoder.weight is lm.roformer.embeddings.word_embeddings.weight
+    assert torch.equal(lm.roformer.embeddings.word_embeddings.weight, embeddings)
+
+
 def test_single_sample_families_get_batch_one_inputs() -> None:
     """TVP views a (width, hidden) position table as (batch, 1, width, hidden): eager fails on the
     sweep's batch of two ("shape '[2, 1, 1, 64]' is invalid for input of size 64") and runs on one."""

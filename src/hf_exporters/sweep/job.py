@@ -294,6 +294,49 @@ def _unit_gain_weight_norm_convolutions(model: Any) -> list[str]:
     return changed
 
 
+#: class-name endings of the task heads whose output projections :func:`unit_gain_task_head` draws at a gain of one
+TASK_HEADS = ("Classification", "ForMultipleChoice", "ForQuestionAnswering")
+#: top-level children that hold a model's body, not its head, when the head class has no separate base model
+#: (``model.base_model is model``: Whisper's audio classifier keeps its ``encoder`` beside ``projector`` and ``classifier``)
+_BODY_CHILDREN = ("encoder", "decoder", "model", "embeddings")
+
+
+def unit_gain_task_head(model: Any, class_name: str) -> list[str]:
+    """Draw the linear layers of a task head (a class named as in :data:`TASK_HEADS`) whose gain
+    ``std(weight) * sqrt(fan_in)`` is below 0.3 from N(0, 1 / fan_in), a gain of one; returns their names.
+
+    The head is every top-level child of ``model`` other than its base model (and, without one, other than the
+    body's :data:`_BODY_CHILDREN`); a weight the base model shares (a tied projection) is left alone. Drawn at the
+    init scale (0.02 at the tiny width 64: a gain of 0.16), a pooler-dense-classifier head shrinks the hidden states
+    about fortyfold: the logits of MRA, RoFormer, ConvBERT, YOSO (multiple choice, sequence classification), WavLM,
+    SEW-D and Whisper (audio classification) ended below the signal floor (:mod:`~.signal_check`) or the same for
+    every input, degenerate models; a trained head has no such scale. Seeded: the tiny model stays reproducible."""
+    import math
+
+    import torch
+
+    if not class_name.endswith(TASK_HEADS):
+        return []
+    base = getattr(model, "base_model", model)
+    shared = {p.data_ptr() for p in base.parameters()} if base is not model else set()
+    generator = torch.Generator().manual_seed(0)
+    changed = []
+    with torch.no_grad():
+        for child_name, child in model.named_children():
+            if child is base or (base is model and child_name in _BODY_CHILDREN):
+                continue
+            for name, module in child.named_modules():
+                if not isinstance(module, torch.nn.Linear) or module.weight.data_ptr() in shared:
+                    continue
+                weight = module.weight
+                fan_in = weight.shape[1]
+                if float(weight.float().std()) * math.sqrt(fan_in) >= 0.3:
+                    continue
+                weight.copy_(torch.randn(weight.shape, generator=generator, dtype=torch.float32).to(weight.dtype) / math.sqrt(fan_in))
+                changed.append(f"{child_name}.{name}" if name else child_name)
+    return changed
+
+
 def _calibrate(model: Any) -> list[str]:
     """Running statistics of the model's batch normalisations and entries of its all-zero codebooks, taken from the
     sweep's own inputs (:func:`~.tiny.calibrate_from_inputs`); nothing when the model has neither, or when its
@@ -341,7 +384,7 @@ def build_model(class_name: str, use_cache: bool | None = False) -> Any:
     ``ForCausalLM`` a decoder (generation).
 
     Built from :func:`~.tiny.tiny_config` (init scales raised to a floor), its degenerate init undone
-    (:func:`undo_degenerate_init`), its batch normalisations and all-zero codebooks calibrated on the sweep's
+    (:func:`undo_degenerate_init`), a task head's projections at a gain of one (:func:`unit_gain_task_head`), its batch normalisations and all-zero codebooks calibrated on the sweep's
     inputs (:func:`_calibrate`), so that its outputs carry signal (:mod:`~.signal_check`)."""
     import torch
 
@@ -358,6 +401,7 @@ def build_model(class_name: str, use_cache: bool | None = False) -> Any:
     torch.manual_seed(0)
     model = cls(config).eval()
     undo_degenerate_init(model, getattr(config, "initializer_range", None) or 0.02)
+    unit_gain_task_head(model, class_name)
     _calibrate(model)
     count = parameter_count(model)
     if count > MAX_PARAMETERS:
