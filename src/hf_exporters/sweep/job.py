@@ -326,7 +326,7 @@ def unit_gain_task_head(model: Any, class_name: str) -> list[str]:
             if child is base or (base is model and child_name in _BODY_CHILDREN):
                 continue
             for name, module in child.named_modules():
-                if not isinstance(module, torch.nn.Linear) or module.weight.data_ptr() in shared:
+                if not isinstance(module, torch.nn.Linear) or module.weight.numel() < 2 or module.weight.data_ptr() in shared:
                     continue
                 weight = module.weight
                 fan_in = weight.shape[1]

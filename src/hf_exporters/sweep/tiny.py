@@ -483,6 +483,7 @@ FAMILY_OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
             ("vibevoice_acoustic_tokenizer_decoder", "the decoded audio was 1.3e-4 at most"),
             ("vibevoice_acoustic_tokenizer_encoder", "the latents were 1.4e-3 at most"),
             ("lightglue", "the matching scores were 5e-5 at most"),
+            ("superglue", "the matching scores were 3.8e-4 at most"),
             ("pp_doclayout_v4", "the reading-order logits were 3e-3 at most"),
             ("fastspeech2_conformer_hifigan", "the vocoder's waveform was 2e-3 at most"),
             ("nemotron3_diarization", "the speaker logits of Nemotron 3.5 Transcribe's diarization head were 5e-3 at most"),
