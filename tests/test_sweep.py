@@ -902,6 +902,33 @@ def test_the_report_lists_classes_moved_to_degenerate_and_mended_back(tmp_path: 
     assert "### Mended back to passes: 1 classes\n\n- B (1 jobs: ours onnx static cache default)\n" in text
 
 
+def test_the_headline_table_gives_base_all_classes_and_generation_with_not_run_counts(tmp_path: Path) -> None:
+    def at(record: dict, **extra) -> dict:
+        return {**record, "revision": "r1", "cache": "default", **extra}
+
+    records = [
+        at(_record("ours", "onnx", False, "A", "pass")),
+        at(_record("ours", "onnx", False, "B", "fail", "parity", "numeric mismatch")),
+        at(_record("ours", "onnx", False, "X", "pass")),  # a class outside the base selection: the all-classes row
+        at(_record("ours", "onnx", True, "A", "pass")),
+        {**_record("ours", "onnx", True, "G", "pass"), "key": "ours|onnx|generation|G", "mode": "generation", "revision": "r1"},
+    ]
+    selection = {"forward": ["A", "B"], "generation": ["G", "H"], "cache": {"default": ["A", "B"], "off": []}}
+    summary = report.write_reports(
+        tmp_path, records, {"versions": {"transformers": "x"}}, selection, universe=["A", "B", "X", "Y"]
+    )
+    rows = {row["scope"]: row["cells"] for row in summary["scopes"]}
+    assert rows["base static"]["ours onnx"] == {"pass": 1, "selected": 2, "not_run": 0}
+    assert rows["base dynamic"]["ours onnx"] == {"pass": 1, "selected": 2, "not_run": 1}
+    assert rows["all static"]["ours onnx"] == {"pass": 2, "selected": 4, "not_run": 1}
+    assert rows["all static"]["upstream dynamo"] == {"pass": 0, "selected": 4, "not_run": 4}
+    assert rows["generation"]["ours onnx"] == {"pass": 1, "selected": 2, "not_run": 1}
+    text = (tmp_path / "report.md").read_text()
+    assert "| all classes, static | 0 / 4 (0.0%), 4 not run | 2 / 4 (50.0%), 1 not run |" in text
+    assert "| generation (token ids) | 0 / 2 (0.0%), 2 not run | 1 / 2 (50.0%), 1 not run |" in text
+    assert "not planned (our engine only)" in text
+
+
 def test_failure_kinds_rank_by_classes_and_split_setup_from_export() -> None:
     records = [
         _record("ours", "onnx", False, "A", "fail", "eager", "shape error"),

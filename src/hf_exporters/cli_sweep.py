@@ -220,7 +220,10 @@ def sweep(
         sample_selection = None if smoke else {
             "forward": sorted(sample), "generation": sorted(generative_sample), "cache": {"default": sorted(sample), "off": []}
         }
-        summary = report.write_reports(out_dir, store.records(), meta, report_selection, headline_revision, sample_selection)
+        summary = report.write_reports(
+            out_dir, store.records(), meta, report_selection, headline_revision, sample_selection,
+            universe=None if smoke else sorted(all_classes),
+        )
         typer.echo(
             f"headline revision {summary['headline_revision']}: {summary['records_headline']} records; "
             f"{summary['records_history']} records of {summary['revisions_history']} other revisions kept as history only",

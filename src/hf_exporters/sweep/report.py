@@ -251,6 +251,84 @@ def _table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def summarize_scopes(
+    records: list[dict[str, Any]], summary: dict[str, Any], universe: list[str] | None
+) -> list[dict[str, Any]]:
+    """The headline table's rows, cache ``default``, at the headline revision, per engine × backend: ``base``
+    (the selected forward classes, static and dynamic: :func:`summarize`'s groups), ``all`` (every model class of
+    ``universe``, static: a class without a record at the headline revision is not run) and ``generation``.
+    Each cell: pass, selected, not run (a cell with no record is all not run)."""
+    revision = summary.get("headline_revision")
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    for g in summary["groups"].values():
+        if g.get("cache") != HEADLINE_CACHE or g["backend"].endswith("(cpp)"):
+            continue
+        scope = "generation" if g["shapes"] == "generation" else f"base {g['shapes']}"
+        cells[(scope, f"{g['engine']} {g['backend']}")] = {"pass": g["pass"], "selected": g["selected"], "not_run": g["not_run"]}
+    if universe:
+        members = set(universe)
+        rows = latest([
+            r for r in records
+            if (revision is None or r.get("revision") == revision) and r["model_class"] in members
+            and shapes_of(r) == "static" and cache_of(r) == HEADLINE_CACHE and r.get("runtime") != "cpp"
+        ])
+        by: dict[str, dict[str, str]] = collections.defaultdict(dict)
+        for r in rows:
+            by[f"{r['engine']} {r['backend']}"][r["model_class"]] = r["outcome"]
+        for engine in ENGINES:
+            for backend in BACKENDS:
+                outcomes = by.get(f"{engine} {backend}", {})
+                cells[("all static", f"{engine} {backend}")] = {
+                    "pass": sum(o == "pass" for o in outcomes.values()), "selected": len(members),
+                    "not_run": len(members) - len(outcomes),
+                }
+    order = {"base static": 0, "base dynamic": 1, "all static": 2, "generation": 3}
+    out = []
+    for scope in sorted({k[0] for k in cells}, key=lambda x: order.get(x, 9)):
+        row = {"scope": scope, "cells": {}}
+        for engine in ENGINES:
+            for backend in BACKENDS:
+                if (scope, f"{engine} {backend}") in cells:
+                    row["cells"][f"{engine} {backend}"] = cells[(scope, f"{engine} {backend}")]
+        out.append(row)
+    return out
+
+
+_SCOPE_LABELS = {
+    "base static": "base classes, static",
+    "base dynamic": "base classes, dynamic",
+    "all static": "all classes, static",
+    "generation": "generation (token ids)",
+}
+
+
+def _scope_table(summary: dict[str, Any]) -> list[str]:
+    scopes = summary.get("scopes") or []
+    if not scopes:
+        return []
+    columns = [f"{e} {b}" for e in ENGINES for b in BACKENDS]
+    lines = [
+        "| scope | " + " | ".join(columns) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for row in scopes:
+        cells = []
+        for column in columns:
+            c = row["cells"].get(column)
+            if c is None and row["scope"] == "generation" and not column.startswith("ours "):
+                cells.append("not planned (our engine only)")
+                continue
+            if c is None:  # no record at any revision: every selected class not run
+                selected = summary.get("generation_classes_selected" if row["scope"] == "generation" else "classes_selected") or 0
+                if row["scope"].startswith("base"):
+                    selected = (summary.get("cache_classes_selected") or {}).get(HEADLINE_CACHE, selected)
+                c = {"pass": 0, "selected": selected, "not_run": selected}
+            rate = f" ({100 * c['pass'] / c['selected']:.1f}%)" if c["selected"] else ""
+            cells.append(f"{c['pass']} / {c['selected']}{rate}, {c['not_run']} not run")
+        lines.append(f"| {_SCOPE_LABELS.get(row['scope'], row['scope'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _kinds_side_by_side(summary: dict[str, Any]) -> list[str]:
     """One row per engine × backend × shapes of forward jobs: the ``default`` kind's pass / selected (the headline)
     beside the ``off`` kind's."""
@@ -535,13 +613,15 @@ def _sample_rows(groups: list[dict[str, Any]]) -> list[str]:
 def write_reports(
     directory: Path, records: list[dict[str, Any]], meta: dict[str, Any],
     selection: dict[str, list[str]] | None = None, revision: str | None = None, sample: dict[str, Any] | None = None,
+    universe: list[str] | None = None,
 ) -> dict[str, Any]:
     """Write ``summary.json``, ``report.md`` and ``pass_rates.png`` into ``directory``; return the summary.
 
     Every figure of the headline comes from the records of one code revision (``revision``, else the newest
     record's: :func:`headline_revision`) and counts every selected class (``selection``, see :func:`summarize`);
     records of other revisions are counted as history only. ``sample``: the selection of the non-base sample,
-    reported in its own section (:func:`summarize_sample`)."""
+    reported in its own section (:func:`summarize_sample`); ``universe``: every model class, the ``all classes`` row of
+    the headline table (:func:`summarize_scopes`)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     summary = summarize(records, meta, selection, revision)
@@ -552,6 +632,7 @@ def write_reports(
     summary["top_export_failure_kinds"] = top_failure_kinds(rows, engine="ours", export_side=True)
     summary["engine_differences"] = compare_engines(rows)
     summary["signal_changes"] = signal_changes(records, summary["headline_revision"], selection)
+    summary["scopes"] = summarize_scopes(records, summary, universe)
     (directory / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
     (directory / "report.md").write_text(render_markdown(summary))
     write_chart(directory / "pass_rates.png", summary)
@@ -622,7 +703,12 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "",
         "## Pass rates",
         "",
-        f"The headline: the cache {HEADLINE_CACHE} rows. Side by side:",
+        f"The headline, cache {HEADLINE_CACHE}, at the headline revision: pass / selected, and how many of the selected "
+        "classes have no record (not run, counted in the denominator):",
+        "",
+        *_scope_table(summary),
+        "",
+        f"The forward groups by cache kind (the headline: cache {HEADLINE_CACHE}). Side by side:",
         "",
         *_kinds_side_by_side(summary),
         "",
