@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 
 CPP_BUILD := build/cpp
 
-.PHONY: demo test canary smoke test-slow bench clean cpp cpp-deps cpp-asan
+.PHONY: demo test canary smoke sweep-full test-slow bench clean cpp cpp-deps cpp-asan
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,6 +72,26 @@ cpp-asan: $(STAMP) cpp-deps
 smoke: $(STAMP)
 	rm -rf out/smoke-sweep
 	$(VENV)/bin/hf-exporters sweep --smoke --backend dynamo,onnx,executorch --shapes static --jobs 2 --timeout 180 --no-resume --no-progress --output out/smoke-sweep
+
+# The published report's runs, in order, into SWEEP_OUT, at the revision checked out (each step resumes where its
+# records stop, so the target can be stopped with SIGTERM and started again, across sessions; run it from a worktree
+# at one commit so every record has one code revision): base classes static, then dynamic, on dynamo and ONNX; base
+# classes on ExecuTorch; generation on dynamo and ONNX, the generative sample on ExecuTorch; ExecuTorch dynamic; the
+# non-base sample; the cache-off companions; then every model class, static, ours, on dynamo and ONNX; last the
+# report over the base selection (a --classes all run writes one whose denominators are every class).
+SWEEP_OUT ?= reports/sweep/rerun
+SWEEP := $(VENV)/bin/hf-exporters sweep --no-progress --output $(SWEEP_OUT)
+sweep-full: $(STAMP)
+	$(SWEEP) --backend dynamo,onnx --shapes static --engine both --cache default --jobs 1 --timeout 150
+	$(SWEEP) --backend dynamo,onnx --shapes dynamic --engine both --cache default --jobs 1 --timeout 150
+	$(SWEEP) --backend executorch --shapes static --engine both --cache default --jobs 1 --timeout 300
+	$(SWEEP) --backend dynamo,onnx --shapes generation --jobs 1 --timeout 300
+	$(SWEEP) --backend executorch --shapes generation --classes sample --jobs 1 --timeout 600
+	$(SWEEP) --backend executorch --shapes dynamic --engine both --cache default --jobs 1 --timeout 300
+	$(SWEEP) --classes sample --backend dynamo,onnx,executorch --shapes static --engine both --cache default --jobs 1 --timeout 300
+	$(SWEEP) --backend dynamo,onnx --shapes static,dynamic --engine both --cache off --jobs 1 --timeout 150
+	$(SWEEP) --classes all --backend dynamo,onnx --shapes static --engine ours --cache default --jobs 1 --timeout 150
+	$(SWEEP) --report-only
 
 # every test, the two tiers in separate runs (an unpatched trace of Encodec in the canary tier leaves a length
 # guard in the next program torch traces in that process)
