@@ -77,9 +77,10 @@ smoke: $(STAMP)
 # records stop, so the target can be stopped with SIGTERM and started again, across sessions; run it from a worktree
 # at one commit so every record has one code revision): base classes static, then dynamic, on dynamo and ONNX; base
 # classes on ExecuTorch; generation on dynamo and ONNX, the generative sample on ExecuTorch; ExecuTorch dynamic; the
-# non-base sample; the cache-off companions; then every model class, static, ours, on dynamo and ONNX; last the
+# non-base sample; the cache-off companions on dynamo and ONNX; then every model class, static, ours, on dynamo and
+# ONNX; last the
 # report over the base selection (a --classes all run writes one whose denominators are every class).
-SWEEP_OUT ?= reports/sweep/rerun
+SWEEP_OUT ?= out/sweep-full
 SWEEP := $(VENV)/bin/hf-exporters sweep --no-progress --output $(SWEEP_OUT)
 sweep-full: $(STAMP)
 	$(SWEEP) --backend dynamo,onnx --shapes static --engine both --cache default --jobs 1 --timeout 150
@@ -88,7 +89,8 @@ sweep-full: $(STAMP)
 	$(SWEEP) --backend dynamo,onnx --shapes generation --jobs 1 --timeout 300
 	$(SWEEP) --backend executorch --shapes generation --classes sample --jobs 1 --timeout 600
 	$(SWEEP) --backend executorch --shapes dynamic --engine both --cache default --jobs 1 --timeout 300
-	$(SWEEP) --classes sample --backend dynamo,onnx,executorch --shapes static --engine both --cache default --jobs 1 --timeout 300
+	$(SWEEP) --classes sample --backend dynamo,onnx --shapes static --engine both --cache default --jobs 1 --timeout 150
+	$(SWEEP) --classes sample --backend executorch --shapes static --engine both --cache default --jobs 1 --timeout 300
 	$(SWEEP) --backend dynamo,onnx --shapes static,dynamic --engine both --cache off --jobs 1 --timeout 150
 	$(SWEEP) --classes all --backend dynamo,onnx --shapes static --engine ours --cache default --jobs 1 --timeout 150
 	$(SWEEP) --report-only

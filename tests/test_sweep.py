@@ -280,7 +280,9 @@ def test_task_heads_are_drawn_at_a_gain_of_one_and_their_logits_carry_signal() -
     The sweep draws the head's linears at a gain of one; the base model and its tied weights are untouched."""
     from hf_exporters.runtime.compare import eager_outputs
     from hf_exporters.sweep.inputs import build_inputs
+    from hf_exporters.sweep.classes import resolve
     from hf_exporters.sweep.job import build_model, check_signal, unit_gain_task_head
+    from hf_exporters.sweep.tiny import tiny_config
 
     model = build_model("RoFormerForSequenceClassification", use_cache=None)
     for layer in (model.classifier.dense, model.classifier.out_proj):
@@ -297,8 +299,20 @@ def test_task_heads_are_drawn_at_a_gain_of_one_and_their_logits_carry_signal() -
     embeddings = lm.roformer.embeddings.word_embeddings.weight.clone()
     # asked as a classifier, its prediction head's dense is drawn, its decoder tied to the embeddings is not
     assert unit_gain_task_head(lm, "RoFormerForSequenceClassification") == ["cls.predictions.transform.dense"]
-    assert lm.cls.predictions.decoder.weight is lm.roformer.embeddings.word_embeddings.weight
     assert torch.equal(lm.roformer.embeddings.word_embeddings.weight, embeddings)
+    # without a separate base model (base_model is the model), only the children named as heads are drawn
+    # (SigLIP's classifier is drawn at a gain of one already: nothing to draw; its vision tower's linears, at 0.16,
+    # are the body's and stay)
+    for name, body, drawn in (
+        ("SiglipForImageClassification", "vision_model", []),
+        ("WhisperForAudioClassification", "encoder", ["projector", "classifier"]),
+    ):
+        torch.manual_seed(0)
+        model = resolve(name)(tiny_config(resolve(name).config_class)).eval()
+        assert model.base_model is model
+        before = {k: v.clone() for k, v in getattr(model, body).state_dict().items()}
+        assert unit_gain_task_head(model, name) == drawn
+        assert all(torch.equal(v, before[k]) for k, v in getattr(model, body).state_dict().items()), name
 
 
 def test_single_sample_families_get_batch_one_inputs() -> None:
@@ -890,16 +904,25 @@ def test_the_report_lists_classes_moved_to_degenerate_and_mended_back(tmp_path: 
         at("new", _record("ours", "onnx", False, "B", "pass")),
         at("new", _record("ours", "onnx", False, "C", *degenerate)),
         at("new", _record("ours", "onnx", False, "D", "pass")),
+        at("newer", _record("ours", "dynamo", False, "D", *degenerate)),  # another revision, newer than the headline
+        at("new", _record("ours", "dynamo", False, "D", "pass")),
+        at("old", _record("ours", "dynamo", False, "E", *degenerate)),  # degenerate, then another failure: no list
+        at("new", _record("ours", "dynamo", False, "E", "fail", "parity", "numeric mismatch")),
+        # degenerate known by its stage and message alone (a record written before the kind existed)
+        {**at("new", _record("ours", "dynamo", False, "F", "fail", "signal")), "message": "degenerate model: outputs below 0.01"},
     ]
     summary = report.write_reports(tmp_path, records, {"versions": {"transformers": "x"}}, revision="new")
     assert summary["signal_changes"] == {
-        "degenerate": {"A": ["ours onnx static cache default"], "C": ["ours onnx static cache default"]},
+        "degenerate": {
+            "A": ["ours onnx static cache default"], "C": ["ours onnx static cache default"],
+            "F": ["ours dynamo static cache default"],
+        },
         "moved": {"A": ["ours onnx static cache default"]},
-        "mended": {"B": ["ours onnx static cache default"]},
+        "mended": {"B": ["ours onnx static cache default"], "D": ["ours dynamo static cache default"]},
     }
     text = (tmp_path / "report.md").read_text()
-    assert "### Degenerate at the headline revision: 2 classes\n\n- A (1 jobs: ours onnx static cache default)\n- C (1 jobs" in text
-    assert "### Mended back to passes: 1 classes\n\n- B (1 jobs: ours onnx static cache default)\n" in text
+    assert "### Degenerate at the headline revision: 3 classes (3 jobs)\n\n- A (1 job: ours onnx static cache default)\n- C (1 job" in text
+    assert "### Mended back to passes (degenerate at another revision): 2 classes (2 jobs)\n\n- B (1 job: ours onnx static cache default)\n" in text
 
 
 def test_the_headline_table_gives_base_all_classes_and_generation_with_not_run_counts(tmp_path: Path) -> None:
@@ -912,10 +935,17 @@ def test_the_headline_table_gives_base_all_classes_and_generation_with_not_run_c
         at(_record("ours", "onnx", False, "X", "pass")),  # a class outside the base selection: the all-classes row
         at(_record("ours", "onnx", True, "A", "pass")),
         {**_record("ours", "onnx", True, "G", "pass"), "key": "ours|onnx|generation|G", "mode": "generation", "revision": "r1"},
+        # none of these counts in the all-classes row: another revision, the cache off kind, the C++ runtime, and
+        # a generation job of a class of the universe
+        {**_record("ours", "onnx", False, "Y", "pass"), "revision": "r0", "cache": "default", "finished": "0"},
+        {**_record("ours", "onnx", False, "Y", "pass"), "key": "ours|onnx|static|Y|off", "revision": "r1", "cache": "off"},
+        {**_record("ours", "onnx", False, "Y", "pass"), "key": "ours|onnx|static|Y|cpp", "revision": "r1", "cache": "default", "runtime": "cpp"},
+        {**_record("ours", "onnx", True, "Y", "pass"), "key": "ours|onnx|generation|Y", "mode": "generation", "revision": "r1"},
     ]
     selection = {"forward": ["A", "B"], "generation": ["G", "H"], "cache": {"default": ["A", "B"], "off": []}}
     summary = report.write_reports(
-        tmp_path, records, {"versions": {"transformers": "x"}}, selection, universe=["A", "B", "X", "Y"]
+        tmp_path, records, {"versions": {"transformers": "x"}, "classes_total": 4, "class_set": "base"}, selection,
+        revision="r1", universe=["A", "B", "X", "Y"],
     )
     rows = {row["scope"]: row["cells"] for row in summary["scopes"]}
     assert rows["base static"]["ours onnx"] == {"pass": 1, "selected": 2, "not_run": 0}
@@ -924,8 +954,9 @@ def test_the_headline_table_gives_base_all_classes_and_generation_with_not_run_c
     assert rows["all static"]["upstream dynamo"] == {"pass": 0, "selected": 4, "not_run": 4}
     assert rows["generation"]["ours onnx"] == {"pass": 1, "selected": 2, "not_run": 1}
     text = (tmp_path / "report.md").read_text()
-    assert "| all classes, static | 0 / 4 (0.0%), 4 not run | 2 / 4 (50.0%), 1 not run |" in text
-    assert "| generation (token ids) | 0 / 2 (0.0%), 2 not run | 1 / 2 (50.0%), 1 not run |" in text
+    assert "| 2 base classes, static | 0 / 2, 2 not run (none run) | 1 / 2 (50.0%) | 0 / 2, 2 not run (none run) |" in text
+    assert "| all 4 classes, static | 0 / 4, 4 not run (none run) | 2 / 4, 1 not run (66.7% of the 3 run) | not planned |" in text
+    assert "| generation (token ids), 2 generative classes | 0 / 2, 2 not run (none run) | 1 / 2, 1 not run (100.0% of the 1 run) |" in text
     assert "not planned (our engine only)" in text
 
 

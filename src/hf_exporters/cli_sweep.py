@@ -222,7 +222,7 @@ def sweep(
         }
         summary = report.write_reports(
             out_dir, store.records(), meta, report_selection, headline_revision, sample_selection,
-            universe=None if smoke else sorted(all_classes),
+            universe=None if smoke or only or shard else sorted(all_classes),  # the all-classes row: unfiltered runs
         )
         typer.echo(
             f"headline revision {summary['headline_revision']}: {summary['records_headline']} records; "

@@ -188,11 +188,14 @@ VANISHING_CONVOLUTIONS: dict[str, str] = {
     " onnxruntime break differently"
     for family in ("d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3", "pp_doclayout_v4")
 } | {
-    family: "its decoder upsamples the quantized latents through weight-normalised transposed convolutions with no"
-    " normalisation between them, each dividing the signal about threefold at the init scale while the residual units'"
-    " biases stay: the tiny model's decoded audio changed by 3e-5 (Encodec) and 1.5e-5 (DAC) between two inputs, below"
-    " the signal floor (sweep.signal_check); at a gain of one it carries signal"
-    for family in ("encodec", "dac")
+    family: "its decoder upsamples the quantized latents through transposed convolutions and residual units with no"
+    " normalisation between them, each layer dividing the signal at the init scale while the biases stay: the tiny"
+    f" model's decoded audio changed by {change} between two inputs, below the signal floor (sweep.signal_check); with"
+    f" {how} at a gain of one it carries signal"
+    for family, change, how in (
+        ("encodec", "3e-5", "its weight-normalised convolutions, transposed ones included,"),
+        ("dac", "1.5e-5", "its (plain) convolutions"),
+    )
 }
 
 
@@ -267,9 +270,9 @@ def _unit_gain_weight_norm_convolutions(model: Any) -> list[str]:
     ``original1`` of a ``torch.nn.utils.parametrizations.weight_norm``), transposed ones included, whose gain
     ``std(weight) * sqrt(fan_in)`` is below 0.9 to a gain of one, by scaling ``g``; returns the names scaled.
 
-    A transposed convolution's fan-in is ``in_channels * kernel / stride`` (the inputs each output sums over).
-    Codec decoders (Encodec, DAC) upsample through such layers, each dividing the signal about threefold at the
-    init scale, with residual units whose biases then dominate: the decoded audio ends the same for every input."""
+    A transposed convolution's fan-in is ``in_channels / groups * kernel / stride`` (the inputs each output sums
+    over). Encodec's decoder upsamples through such layers, each dividing the signal about threefold at the init
+    scale, with residual units whose biases then dominate: the decoded audio ends the same for every input."""
     import math
 
     import torch
@@ -284,7 +287,7 @@ def _unit_gain_weight_norm_convolutions(model: Any) -> list[str]:
             continue
         weight = module.weight
         if module.transposed:
-            fan_in = weight.shape[0] * weight[0, 0].numel() / math.prod(module.stride)
+            fan_in = weight.shape[0] // module.groups * weight[0, 0].numel() / math.prod(module.stride)
         else:
             fan_in = weight[0].numel()
         gain = weight.float().std().item() * math.sqrt(fan_in)
@@ -296,17 +299,18 @@ def _unit_gain_weight_norm_convolutions(model: Any) -> list[str]:
 
 #: class-name endings of the task heads whose output projections :func:`unit_gain_task_head` draws at a gain of one
 TASK_HEADS = ("Classification", "ForMultipleChoice", "ForQuestionAnswering")
-#: top-level children that hold a model's body, not its head, when the head class has no separate base model
-#: (``model.base_model is model``: Whisper's audio classifier keeps its ``encoder`` beside ``projector`` and ``classifier``)
-_BODY_CHILDREN = ("encoder", "decoder", "model", "embeddings")
+#: the top-level children that make a task head when the head class has no separate base model (``model.base_model
+#: is model``: Whisper's audio classifier keeps its ``encoder`` beside ``projector`` and ``classifier``, SigLIP's image
+#: classifier its ``vision_model`` beside ``classifier``); every other child is the body
+_HEAD_CHILDREN = ("classifier", "score", "qa_outputs", "projector", "pre_classifier", "classification_head")
 
 
 def unit_gain_task_head(model: Any, class_name: str) -> list[str]:
     """Draw the linear layers of a task head (a class named as in :data:`TASK_HEADS`) whose gain
     ``std(weight) * sqrt(fan_in)`` is below 0.3 from N(0, 1 / fan_in), a gain of one; returns their names.
 
-    The head is every top-level child of ``model`` other than its base model (and, without one, other than the
-    body's :data:`_BODY_CHILDREN`); a weight the base model shares (a tied projection) is left alone. Drawn at the
+    The head is every top-level child of ``model`` other than its base model (without a separate base model, the
+    children named in :data:`_HEAD_CHILDREN`); a weight the body shares (a tied projection) is left alone. Drawn at the
     init scale (0.02 at the tiny width 64: a gain of 0.16), a pooler-dense-classifier head shrinks the hidden states
     about fortyfold: the logits of MRA, RoFormer, ConvBERT, YOSO (multiple choice, sequence classification), WavLM,
     SEW-D and Whisper (audio classification) ended below the signal floor (:mod:`~.signal_check`) or the same for
@@ -318,13 +322,18 @@ def unit_gain_task_head(model: Any, class_name: str) -> list[str]:
     if not class_name.endswith(TASK_HEADS):
         return []
     base = getattr(model, "base_model", model)
-    shared = {p.data_ptr() for p in base.parameters()} if base is not model else set()
+    heads = [
+        (name, child) for name, child in model.named_children()
+        if (child is not base if base is not model else name in _HEAD_CHILDREN)
+    ]
+    head_ids = {id(child) for _, child in heads}
+    shared = {
+        p.data_ptr() for name, child in model.named_children() if id(child) not in head_ids for p in child.parameters()
+    }
     generator = torch.Generator().manual_seed(0)
     changed = []
     with torch.no_grad():
-        for child_name, child in model.named_children():
-            if child is base or (base is model and child_name in _BODY_CHILDREN):
-                continue
+        for child_name, child in heads:
             for name, module in child.named_modules():
                 if not isinstance(module, torch.nn.Linear) or module.weight.numel() < 2 or module.weight.data_ptr() in shared:
                     continue

@@ -294,12 +294,36 @@ def summarize_scopes(
     return out
 
 
-_SCOPE_LABELS = {
-    "base static": "base classes, static",
-    "base dynamic": "base classes, dynamic",
-    "all static": "all classes, static",
-    "generation": "generation (token ids)",
+#: cells of the headline table no run plans (``make sweep-full``): every class runs on dynamo and ONNX with our
+#: engine only; generation runs with our engine, on ExecuTorch for the generative sample only (its own section)
+_NOT_PLANNED = {
+    ("all static", "ours executorch"): "not planned",
+    **{("all static", f"upstream {b}"): "not planned" for b in BACKENDS},
+    **{("generation", f"upstream {b}"): "not planned (our engine only)" for b in BACKENDS},
+    ("generation", "ours executorch"): "the generative sample only (below)",
 }
+
+
+def _scope_label(scope: str, summary: dict[str, Any]) -> str:
+    kind, _, shapes = scope.partition(" ")
+    if scope == "generation":
+        return f"generation (token ids), {summary.get('generation_classes_selected', '?')} generative classes"
+    if kind == "all":
+        return f"all {summary.get('classes_total', '?')} classes, {shapes}"
+    selected = (summary.get("cache_classes_selected") or {}).get(HEADLINE_CACHE, summary.get("classes_selected", "?"))
+    return f"{selected} {summary.get('class_set', 'base')} classes, {shapes}"
+
+
+def _scope_cell(c: dict[str, Any]) -> str:
+    """``pass / selected (rate)`` when every selected class ran; else ``pass / selected, N not run`` and the rate over
+    the classes run, so a partly run scope does not read as a pass rate."""
+    if not c["selected"]:
+        return "none selected"
+    if not c["not_run"]:
+        return f"{c['pass']} / {c['selected']} ({100 * c['pass'] / c['selected']:.1f}%)"
+    run = c["selected"] - c["not_run"]
+    rate = f"{100 * c['pass'] / run:.1f}% of the {run} run" if run else "none run"
+    return f"{c['pass']} / {c['selected']}, {c['not_run']} not run ({rate})"
 
 
 def _scope_table(summary: dict[str, Any]) -> list[str]:
@@ -315,17 +339,16 @@ def _scope_table(summary: dict[str, Any]) -> list[str]:
         cells = []
         for column in columns:
             c = row["cells"].get(column)
-            if c is None and row["scope"] == "generation" and not column.startswith("ours "):
-                cells.append("not planned (our engine only)")
+            if (row["scope"], column) in _NOT_PLANNED:
+                cells.append(_NOT_PLANNED[(row["scope"], column)])
                 continue
             if c is None:  # no record at any revision: every selected class not run
                 selected = summary.get("generation_classes_selected" if row["scope"] == "generation" else "classes_selected") or 0
-                if row["scope"].startswith("base"):
+                if row["scope"] != "generation":
                     selected = (summary.get("cache_classes_selected") or {}).get(HEADLINE_CACHE, selected)
                 c = {"pass": 0, "selected": selected, "not_run": selected}
-            rate = f" ({100 * c['pass'] / c['selected']:.1f}%)" if c["selected"] else ""
-            cells.append(f"{c['pass']} / {c['selected']}{rate}, {c['not_run']} not run")
-        lines.append(f"| {_SCOPE_LABELS.get(row['scope'], row['scope'])} | " + " | ".join(cells) + " |")
+            cells.append(_scope_cell(c))
+        lines.append(f"| {_scope_label(row['scope'], summary)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -415,7 +438,8 @@ def signal_changes(records: list[dict[str, Any]], revision: str | None, selectio
     - ``mended``: jobs that were ``degenerate model`` at another revision and pass at the headline (a tiny model
       mended to carry signal: :func:`~.tiny.raise_init_scales` and its neighbours).
 
-    Empty lists when ``revision`` is None (every record is the headline's, no other revision to compare with)."""
+    A job degenerate at another revision that fails otherwise at the headline is in no list. ``moved`` and
+    ``mended`` are empty when ``revision`` is None (every record is the headline's: no other revision)."""
     selected = _selection(records, selection)
     in_pool = [r for r in records if r["model_class"] in _pool(selected, shapes_of(r), cache_of(r))]
     at = {r["key"]: r for r in latest([r for r in in_pool if revision is None or r.get("revision") == revision])}
@@ -438,28 +462,45 @@ def signal_changes(records: list[dict[str, Any]], revision: str | None, selectio
 
 def _signal_lines(summary: dict[str, Any]) -> list[str]:
     changes = summary.get("signal_changes")
-    if not changes:
+    if not changes or not any(changes.values()):
         return []
 
-    def listing(by_class: dict[str, list[str]]) -> list[str]:
-        return [f"- {cls} ({len(groups)} jobs: {', '.join(groups)})" for cls, groups in sorted(by_class.items())] or ["- (none)"]
+    def jobs(n: int) -> str:
+        return f"{n} job" if n == 1 else f"{n} jobs"
 
-    return [
+    def heading(title: str, by_class: dict[str, list[str]]) -> str:
+        classes = len(by_class)
+        return f"### {title}: {classes} {'class' if classes == 1 else 'classes'} ({jobs(sum(map(len, by_class.values())))})"
+
+    def listing(by_class: dict[str, list[str]]) -> list[str]:
+        return [f"- {cls} ({jobs(len(groups))}: {', '.join(groups)})" for cls, groups in sorted(by_class.items())] or ["- (none)"]
+
+    lines = [
         "## Signal rule: degenerate and mended classes",
         "",
-        "From the latest record of each job of the selected classes. A job *moved* to `degenerate model` passed at an "
-        "earlier revision and fails the signal rule at the headline; a job *mended* was `degenerate model` at an earlier "
-        "revision and passes at the headline, its tiny model now carrying signal.",
+        "From the latest record of each job of the selection's classes (base and generative; the samples' classes are "
+        "in their own sections). A job *moved* to `degenerate model` passed at another revision and fails the signal "
+        "rule at the headline (the moved jobs are among the degenerate ones); a job *mended* was `degenerate model` at "
+        "another revision and passes at the headline, its tiny model now carrying signal.",
+    ]
+    written, headline = summary.get("revision"), summary.get("headline_revision")
+    if written and headline and written != headline:
+        lines.append(
+            f"The tiny-model builder is judged as it was at the headline revision `{headline}`; changes to it since "
+            f"(this report is written at `{written}`) count here only once their jobs are rerun."
+        )
+    return [
+        *lines,
         "",
-        f"### Degenerate at the headline revision: {len(changes['degenerate'])} classes",
+        heading("Degenerate at the headline revision", changes["degenerate"]),
         "",
         *listing(changes["degenerate"]),
         "",
-        f"### Moved to degenerate (passed at an earlier revision): {len(changes['moved'])} classes",
+        heading("Moved to degenerate (passed at another revision)", changes["moved"]),
         "",
         *listing(changes["moved"]),
         "",
-        f"### Mended back to passes: {len(changes['mended'])} classes",
+        heading("Mended back to passes (degenerate at another revision)", changes["mended"]),
         "",
         *listing(changes["mended"]),
         "",
@@ -703,8 +744,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "",
         "## Pass rates",
         "",
-        f"The headline, cache {HEADLINE_CACHE}, at the headline revision: pass / selected, and how many of the selected "
-        "classes have no record (not run, counted in the denominator):",
+        f"The headline, cache {HEADLINE_CACHE}, at the headline revision: per scope (the selected base classes, every "
+        "model class, the generative classes), pass / the scope's classes, and how many of them have no record at the "
+        "headline revision (not run, counted in the denominator; the rate over the classes run beside it):",
         "",
         *_scope_table(summary),
         "",
