@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("executorch", reason="the ExecuTorch tests need the executorch extra")
 
 from hf_exporters import ExecutorchConfig, ExportStageError, MissingDependencyError, registry  # noqa: E402
+from hf_exporters.errors import InputError  # noqa: E402
 from hf_exporters.exporters import executorch as executorch_module  # noqa: E402
 from hf_exporters.exporters.executorch import ExecutorchExporter  # noqa: E402
 from hf_exporters.runtime import check_parity, resized_inputs  # noqa: E402
@@ -1360,3 +1361,29 @@ def test_the_cat_onto_an_empty_tensor_keeps_the_promoted_dtype(tmp_path):
     program = ExecutorchExporter().run(model, inputs, ExecutorchConfig(backend="portable")).exported_program
     (copy,) = [n for n in program.graph.nodes if n.target is torch.ops.aten._to_copy.default]
     assert copy.kwargs["dtype"] is torch.float64 and copy.meta["val"].dtype is torch.float64
+
+
+class _FilledBySlices(torch.nn.Module):
+    """A buffer allocated with ``new_empty`` and filled slice by slice (BailingHybrid's ``expand_kv``)."""
+
+    def forward(self, nope: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+        key = nope.new_empty(*nope.shape[:-1], nope.shape[-1] + rot.shape[-1])
+        key[..., : nope.shape[-1]].copy_(nope)
+        key[..., nope.shape[-1] :].copy_(rot)
+        return key * 2
+
+
+def test_fix_empty_of_symbolic_size_as_full(tmp_path):
+    """Without the fix the lowering silently specialises the dynamic batch and length to the example's (the
+    program refuses any other size); with it the .pte runs other sizes and matches eager."""
+    model = _FilledBySlices()
+    inputs = {"nope": _x(2, 5, 6), "rot": _x(2, 5, 2)}
+    other = {"nope": _x(3, 7, 6), "rot": _x(3, 7, 2)}
+    exporter = ExecutorchExporter()
+    with without_workarounds("_fix_empty_of_symbolic_size_as_full"):
+        path = exporter.save(exporter.export(model, inputs, ExecutorchConfig(dynamic=True)), tmp_path / "without")
+        with pytest.raises(InputError, match=re.escape("input 'nope' is 3 long on axis 0, which the program was exported for at 2 only")):
+            exporter.load_runner(path)(other)
+    path = exporter.save(exporter.export(model, inputs, ExecutorchConfig(dynamic=True)), tmp_path / "with")
+    reports = check_parity(model, exporter.load_runner(path), [inputs, other], atol=0)
+    assert [r.ok for r in reports] == [True, True] and max(r.max_abs_diff for r in reports) == 0

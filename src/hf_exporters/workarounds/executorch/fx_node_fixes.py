@@ -2,7 +2,7 @@
 
 Rewrites of single nodes of the traced graph into ops ExecuTorch can lower and run: a ``max.dim``
 XNNPACK would mislower, int32 gather/scatter indices, ``nonzero``'s column-major output, a
-``cat`` onto an empty cache tensor, and the
+``cat`` onto an empty cache tensor, an ``empty`` of symbolic size the lowering would specialise, and the
 run-time checks on tensor data the ONNX exporter erases too (:mod:`.._data_checks`).
 """
 
@@ -235,6 +235,45 @@ def _fix_cat_onto_empty_tensor_as_contiguous_copy(graph_module: torch.fx.GraphMo
             copy = graph_module.graph.call_function(torch.ops.aten.clone.default, (kept[0],), {"memory_format": torch.contiguous_format})
     copy.meta = dict(node.meta)  # the cat's value: the same sizes and dtype, contiguous
     node.replace_all_uses_with(copy)
+    graph_module.graph.erase_node(node)
+    return True
+
+
+@register_fx_node_fix("executorch")
+def _fix_empty_of_symbolic_size_as_full(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``empty(size)`` or ``x.new_empty(size)`` whose ``size`` holds a symbolic dimension by ``full(size, 0)``.
+
+    Pattern: a buffer allocated then filled slice by slice, ``key = x.new_empty(*x.shape[:-1], d)`` then
+    ``key[..., :a].copy_(k_nope); key[..., a:].copy_(k_rot)`` (the multi-head latent attention of
+    BailingHybrid's ``expand_kv``; ``new_empty``, ``torch.empty`` and ``empty_like`` are written so in
+    hundreds of transformers modules), traced with a dynamic batch or length. ExecuTorch's
+    ``MemoryFormatOpsPass`` rewrites ``aten.empty.memory_format`` into ``dim_order_ops._empty_dim_order``,
+    whose schema takes ``int[] size``: re-running it turns each symbolic size into an int, which guards the
+    dimension to its example value. The lowering then returns a program specialised to the example sizes,
+    with no error: a decode step exported for any batch and cache length refuses every other size at run
+    time. ``full`` takes ``SymInt[]`` and is not rewritten; its zeros are overwritten like ``empty``'s
+    contents, at the cost of one fill of the buffer.
+    Models: BailingHybridForCausalLM (generation, executorch in the sweep; the decode step came out with
+        batch 2 and cache length 8).
+    Upstream: pytorch/executorch exir/passes/memory_format_ops_pass.py and the ``_empty_dim_order`` schema
+        (``int[] size`` where ``aten::empty`` has ``SymInt[]``); no report found
+    Remove when: ``_empty_dim_order`` takes ``SymInt[] size``.
+    """
+    if node.target not in (torch.ops.aten.empty.memory_format, torch.ops.aten.new_empty.default) or not node.args:
+        return False
+    size = node.args[0] if node.target is torch.ops.aten.empty.memory_format else (node.args[1] if len(node.args) > 1 else None)
+    if not isinstance(size, (list, tuple)) or not any(isinstance(d, torch.fx.Node) for d in size):
+        return False
+    value = node.meta.get("val")
+    kwargs = {k: v for k, v in node.kwargs.items() if k in ("dtype", "layout", "device", "pin_memory") and v is not None}
+    if isinstance(value, torch.Tensor):  # new_empty's dtype and device are its tensor's unless given
+        kwargs.setdefault("dtype", value.dtype)
+        kwargs.setdefault("device", value.device)
+    fill = False if kwargs.get("dtype") == torch.bool else 0
+    with graph_module.graph.inserting_before(node):
+        full = graph_module.graph.call_function(torch.ops.aten.full.default, (list(size), fill), kwargs)
+    full.meta = dict(node.meta)
+    node.replace_all_uses_with(full)
     graph_module.graph.erase_node(node)
     return True
 
