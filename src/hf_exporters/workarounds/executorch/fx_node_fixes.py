@@ -253,8 +253,10 @@ def _fix_empty_of_symbolic_size_as_full(graph_module: torch.fx.GraphModule, node
     with no error: a decode step exported for any batch and cache length refuses every other size at run
     time. ``full`` takes ``SymInt[]`` and is not rewritten; its zeros are overwritten like ``empty``'s
     contents, at the cost of one fill of the buffer.
-    Models: BailingHybridForCausalLM (generation, executorch in the sweep; the decode step came out with
-        batch 2 and cache length 8).
+    Models: the multi-head latent attention decoders, DeepseekV2ForCausalLM, Glm4MoeLiteForCausalLM,
+        LongcatFlashForCausalLM, BailingHybridForCausalLM (generation, executorch in the sweep: each decode step
+        came out for batch 2 and cache length 8 and refused the next step, "Attempted to resize a bounded
+        tensor"; the first three now generate eager's tokens).
     Upstream: pytorch/executorch exir/passes/memory_format_ops_pass.py and the ``_empty_dim_order`` schema
         (``int[] size`` where ``aten::empty`` has ``SymInt[]``); no report found
     Remove when: ``_empty_dim_order`` takes ``SymInt[] size``.
