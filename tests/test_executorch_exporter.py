@@ -1387,3 +1387,26 @@ def test_fix_empty_of_symbolic_size_as_full(tmp_path):
     path = exporter.save(exporter.export(model, inputs, ExecutorchConfig(dynamic=True)), tmp_path / "with")
     reports = check_parity(model, exporter.load_runner(path), [inputs, other], atol=0)
     assert [r.ok for r in reports] == [True, True] and max(r.max_abs_diff for r in reports) == 0
+
+
+class _FilledLike(torch.nn.Module):
+    """``empty_like`` filled slice by slice."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.empty_like(x)
+        y[:, :2].copy_(x[:, :2])
+        y[:, 2:].copy_(x[:, 2:] * 3)
+        return y + 1
+
+
+def test_fix_empty_like_of_symbolic_size_as_full_like(tmp_path):
+    """``empty_like`` of a dynamic tensor decomposes to ``empty_permuted``, which the lowering refuses; as a
+    contiguous ``full_like`` it lowers and runs other sizes."""
+    model, inputs, other = _FilledLike(), {"x": _x(2, 5)}, {"x": _x(3, 7)}
+    with without_workarounds("_fix_empty_of_symbolic_size_as_full"):
+        with pytest.raises(ExportStageError, match=re.escape("aten.empty_permuted.default is not in Core ATen opset")):
+            ExecutorchExporter().export(model, inputs, ExecutorchConfig(dynamic=True))
+    exporter = ExecutorchExporter()
+    path = exporter.save(exporter.export(model, inputs, ExecutorchConfig(dynamic=True)), tmp_path)
+    reports = check_parity(model, exporter.load_runner(path), [inputs, other], atol=0)
+    assert [r.ok for r in reports] == [True, True] and max(r.max_abs_diff for r in reports) == 0

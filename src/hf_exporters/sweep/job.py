@@ -204,6 +204,13 @@ VANISHING_CONVOLUTIONS: dict[str, str] = {
 LINEAR_LOGIT_SCALES = ("pe_audio", "pe_video", "pe_audio_video")
 
 
+def _draw(weight: Any, std: float, generator: Any) -> None:
+    """Fill ``weight`` in place from N(0, ``std``), drawn in float32 with ``generator`` (seeded: reproducible)."""
+    import torch
+
+    weight.copy_(torch.randn(weight.shape, generator=generator, dtype=torch.float32).to(weight.dtype) * std)
+
+
 def undo_degenerate_init(model: Any, std: float) -> list[str]:
     """Give ``model`` the weights a trained network could have where its family's init leaves a
     sublayer constant or silent; returns the names of the weights changed.
@@ -249,14 +256,14 @@ def undo_degenerate_init(model: Any, std: float) -> list[str]:
             if not isinstance(weight, torch.nn.Parameter) or not weight.numel():
                 continue
             if isinstance(module, torch.nn.Linear) and not weight.any():
-                weight.copy_(torch.randn(weight.shape, generator=generator, dtype=torch.float32).to(weight.dtype) * std)
+                _draw(weight, std, generator)
             elif isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and bool((weight.abs() < 0.5).all()):
                 weight.fill_(1.0)
             elif redraw_convolutions and isinstance(module, torch.nn.modules.conv._ConvNd) and not module.transposed and weight.numel() > 1:
                 fan_in = weight[0].numel()
                 if weight.float().std().item() * math.sqrt(fan_in) >= 0.3:
                     continue
-                weight.copy_(torch.randn(weight.shape, generator=generator, dtype=torch.float32).to(weight.dtype) / math.sqrt(fan_in))
+                _draw(weight, 1 / math.sqrt(fan_in), generator)
             else:
                 continue
             changed.append(f"{name}.weight")
@@ -341,7 +348,7 @@ def unit_gain_task_head(model: Any, class_name: str) -> list[str]:
                 fan_in = weight.shape[1]
                 if float(weight.float().std()) * math.sqrt(fan_in) >= 0.3:
                     continue
-                weight.copy_(torch.randn(weight.shape, generator=generator, dtype=torch.float32).to(weight.dtype) / math.sqrt(fan_in))
+                _draw(weight, 1 / math.sqrt(fan_in), generator)
                 changed.append(f"{child_name}.{name}" if name else child_name)
     return changed
 

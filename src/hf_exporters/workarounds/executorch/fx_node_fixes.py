@@ -241,7 +241,8 @@ def _fix_cat_onto_empty_tensor_as_contiguous_copy(graph_module: torch.fx.GraphMo
 
 @register_fx_node_fix("executorch")
 def _fix_empty_of_symbolic_size_as_full(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """Replace ``empty(size)`` or ``x.new_empty(size)`` whose ``size`` holds a symbolic dimension by ``full(size, 0)``.
+    """Replace ``empty(size)``, ``x.new_empty(size)`` or ``empty_like(x)`` of symbolic size by ``full(size, 0)``
+    (``full_like(x, 0)``, contiguous).
 
     Pattern: a buffer allocated then filled slice by slice, ``key = x.new_empty(*x.shape[:-1], d)`` then
     ``key[..., :a].copy_(k_nope); key[..., a:].copy_(k_rot)`` (the multi-head latent attention of
@@ -252,7 +253,8 @@ def _fix_empty_of_symbolic_size_as_full(graph_module: torch.fx.GraphModule, node
     dimension to its example value. The lowering then returns a program specialised to the example sizes,
     with no error: a decode step exported for any batch and cache length refuses every other size at run
     time. ``full`` takes ``SymInt[]`` and is not rewritten; its zeros are overwritten like ``empty``'s
-    contents, at the cost of one fill of the buffer.
+    contents, at the cost of one fill of the buffer. ``empty_like`` of a dynamic tensor stops the lowering
+    instead (its decomposition ``empty_permuted`` is not core ATen); a contiguous ``full_like`` lowers.
     Models: the multi-head latent attention decoders, DeepseekV2ForCausalLM, Glm4MoeLiteForCausalLM,
         LongcatFlashForCausalLM, BailingHybridForCausalLM (generation, executorch in the sweep: each decode step
         came out for batch 2 and cache length 8 and refused the next step, "Attempted to resize a bounded
@@ -261,19 +263,28 @@ def _fix_empty_of_symbolic_size_as_full(graph_module: torch.fx.GraphModule, node
         (``int[] size`` where ``aten::empty`` has ``SymInt[]``); no report found
     Remove when: ``_empty_dim_order`` takes ``SymInt[] size``.
     """
-    if node.target not in (torch.ops.aten.empty.memory_format, torch.ops.aten.new_empty.default) or not node.args:
-        return False
-    size = node.args[0] if node.target is torch.ops.aten.empty.memory_format else (node.args[1] if len(node.args) > 1 else None)
-    if not isinstance(size, (list, tuple)) or not any(isinstance(d, torch.fx.Node) for d in size):
-        return False
     value = node.meta.get("val")
+    like = node.target is torch.ops.aten.empty_like.default
+    if like:
+        if not (isinstance(value, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in value.shape)):
+            return False
+    elif node.target in (torch.ops.aten.empty.memory_format, torch.ops.aten.new_empty.default) and node.args:
+        size = node.args[0] if node.target is torch.ops.aten.empty.memory_format else (node.args[1] if len(node.args) > 1 else None)
+        if not isinstance(size, (list, tuple)) or not any(isinstance(d, torch.fx.Node) for d in size):
+            return False
+    else:
+        return False
     kwargs = {k: v for k, v in node.kwargs.items() if k in ("dtype", "layout", "device", "pin_memory") and v is not None}
-    if isinstance(value, torch.Tensor):  # new_empty's dtype and device are its tensor's unless given
+    if isinstance(value, torch.Tensor):  # new_empty's and empty_like's dtype and device are their tensor's unless given
         kwargs.setdefault("dtype", value.dtype)
         kwargs.setdefault("device", value.device)
-    fill = False if kwargs.get("dtype") == torch.bool else 0
     with graph_module.graph.inserting_before(node):
-        full = graph_module.graph.call_function(torch.ops.aten.full.default, (list(size), fill), kwargs)
+        if like:  # contiguous: a permuted layout lowers to empty_permuted
+            full = graph_module.graph.call_function(
+                torch.ops.aten.full_like.default, (node.args[0], 0), {**kwargs, "memory_format": torch.contiguous_format}
+            )
+        else:
+            full = graph_module.graph.call_function(torch.ops.aten.full.default, (list(size), 0), kwargs)
     full.meta = dict(node.meta)
     node.replace_all_uses_with(full)
     graph_module.graph.erase_node(node)
