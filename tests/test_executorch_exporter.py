@@ -407,6 +407,56 @@ def test_fix_unbounded_range_constraints_bounds():
     assert sorted(int(r.upper) for r in ep.range_constraints.values()) == [128, 128]
 
 
+class _PositionTable(torch.nn.Module):
+    """A learned position table sliced by the sequence length: the trace bounds ``seq_len <= 2048`` (the table's
+    rows), as absolute-position decoders do with ``max_position_embeddings``; attention scores are ``seq x seq``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(2048, 8, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.table[: x.shape[1]]
+        return torch.softmax(h @ h.transpose(1, 2), dim=-1) @ h
+
+
+def _planned_bytes(ep: torch.export.ExportedProgram) -> int:
+    from executorch.exir import to_edge_transform_and_lower
+
+    program = to_edge_transform_and_lower(ep).to_executorch().executorch_program
+    return sum(program.execution_plan[0].non_const_buffer_sizes)
+
+
+def test_fix_unbounded_range_constraints_lowers_bounds_the_model_sets():
+    """A sequence the model bounds at 2048 (a sliced position table) is planned for the export's bound (128, or
+    ``max_seq_len``), not for 2048: the score buffers shrink 256-fold; a caller's own ``Dim(max=...)`` stands."""
+    example = (_x(2, 5, 8),)
+
+    def traced() -> torch.export.ExportedProgram:
+        return torch.export.export(_PositionTable().eval(), example, dynamic_shapes=({0: AUTO, 1: AUTO},))
+
+    as_traced = traced()
+    from torch.utils._sympy.numbers import int_oo
+
+    assert sorted(int(r.upper) for r in as_traced.range_constraints.values() if r.upper is not int_oo) == [2048]
+    fixed = traced()
+    fx_program_fixes._fix_unbounded_range_constraints(fixed)
+    assert sorted(int(r.upper) for r in fixed.range_constraints.values()) == [128, 128]
+    with fx_program_fixes.dynamic_dim_max(64):
+        bounded = traced()
+        fx_program_fixes._fix_unbounded_range_constraints(bounded)
+    assert sorted(int(r.upper) for r in bounded.range_constraints.values()) == [64, 64]
+    with fx_program_fixes.dynamic_dim_max(None, lower_model_bounds=False):
+        kept = traced()
+        fx_program_fixes._fix_unbounded_range_constraints(kept)
+    assert sorted(int(r.upper) for r in kept.range_constraints.values()) == [128, 2048]
+    # batch 128 x 2048 x 2048 float scores before, batch 128 x 128 x 128 after
+    assert _planned_bytes(kept) > 2 * 128 * 2048 * 2048 * 4 > 200 * _planned_bytes(fixed)
+    assert fx_program_fixes.caller_bounds({"x": {1: torch.export.Dim("n", max=16)}})
+    assert fx_program_fixes.caller_bounds([{1: AUTO(max=64)}])
+    assert not fx_program_fixes.caller_bounds({"x": {0: AUTO, 1: torch.export.Dim("n")}, "y": None})
+
+
 def _ids(batch: int, seq_len: int) -> torch.Tensor:
     return torch.randint(3, 100, (batch, seq_len), generator=torch.Generator().manual_seed(batch * seq_len))
 
@@ -1200,6 +1250,7 @@ def test_the_runner_refuses_another_size_on_an_axis_a_dynamic_program_keeps_stat
     # what ExecuTorch refuses with a log line alone, or drops, is refused naming the input
     for bad, message in [
         ({"x": torch.ones(2, 7, dtype=torch.float64)}, "input 'x' is torch.float64, where the program takes torch.float32"),
+        ({"x": torch.ones(2, 17)}, "input 'x' axis 1 is 17, the program was exported for at most 16 (re-export with --dynamic --max-seq-len 17 or more)"),
         ({"x": torch.ones(2, 7).numpy()}, "input 'x' is a numpy.ndarray: the runner takes torch tensors"),
         ({"x": [1.0, 2.0]}, "input 'x' is a builtins.list: the runner takes torch tensors"),
         ({}, "the method takes 1 input; 0 given ()"),

@@ -71,9 +71,11 @@ class ExecutorchConfig(DynamoConfig):
     Attributes:
         backend: the ExecuTorch backend preparer to use: ``"xnnpack"`` (CPU float32, XNNPACK delegate),
             ``"portable"`` (no delegate, portable kernels) or ``"cuda"`` (CUDA bfloat16, CUDA delegate).
-        max_seq_len: upper bound of every dynamic axis left unbounded (sequence, cache, batch): ExecuTorch
-            plans memory for the largest size, so a longer input fails at run time. None: 128 (or the
-            example's size when larger). A generation folder's prompt plus new tokens must fit in it.
+        max_seq_len: upper bound of every dynamic axis (sequence, cache, batch): ExecuTorch plans memory
+            for the largest size, so a longer input is refused at run time. None: 128 (or the example's size
+            when larger). It also lowers a larger bound the trace took from the model (a position table's
+            ``max_position_embeddings``), unless ``dynamic_shapes`` give some axis a ``max`` of their own. A
+            generation folder's prompt plus new tokens must fit in it.
         quantize: ``"8da4w"`` or ``"8da8w"``: the linear layers quantized with torchao in Stage 1 (int8
             dynamic activations, int4 or int8 weights; ``hf_exporters.exporters.executorch_quantize``),
             None for float.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import torch
@@ -298,6 +299,10 @@ def _register_llm_kernels() -> None:
             return
 
 
+#: the runtime's log line when a dynamic tensor (an input, or one computed from it) outgrew the memory planned for it
+_PAST_PLANNED = re.compile(r"resize a bounded tensor")
+
+
 class ExecutorchRunner:
     """Loads ``path`` (a ``.pte`` file, or its bytes) and runs its ``method`` (``forward`` by default; a
     generation folder's parts are the methods of one program).
@@ -401,6 +406,25 @@ class ExecutorchRunner:
                 raise InputError(f"input {label} is {value.dtype}, where the program takes {dtype}")
         return flat
 
+    def _past_planned_size(self, flat: list[Any], inputs: dict[str, Any]) -> str | None:
+        """The refusal of the first input larger on some axis than the program was exported for, None when none is.
+
+        ExecuTorch plans each dynamic tensor's memory for its largest number of elements, so a run fails ("Attempted
+        to resize a bounded tensor") once one outgrows it; an input past its own axis bound names the cause and the
+        flag that moves it."""
+        names = list(inputs) if len(inputs) == len(flat) and all(isinstance(v, torch.Tensor) for v in inputs.values()) else None
+        for position, (value, largest) in enumerate(zip(flat, self.input_max_sizes)):
+            if not isinstance(value, torch.Tensor) or largest is None or value.dim() != len(largest):
+                continue
+            for axis, (size, most) in enumerate(zip(value.shape, largest)):
+                if size > most:
+                    label = repr(names[position]) if names is not None else str(position)
+                    return (
+                        f"input {label} axis {axis} is {size}, the program was exported for at most {most} "
+                        f"(re-export with --dynamic --max-seq-len {size} or more)"
+                    )
+        return None
+
     def for_method(self, method: str) -> "ExecutorchRunner":
         """A runner of another method of the same program, sharing the loaded program (its weights are
         loaded once).
@@ -418,7 +442,8 @@ class ExecutorchRunner:
 
         Raises:
             InputError: an input is not a tensor or a Python number, the number of inputs or an input's dtype is not
-                the program's, an input that indexes a tensor (an embedding table, a cache held in the program)
+                the program's, the runtime refused a size past the memory it planned while an input is larger on
+                some axis than the program was exported for (a dynamic export's bound, ``--max-seq-len``), an input that indexes a tensor (an embedding table, a cache held in the program)
                 holds an index outside it (checked before ``execute``: ExecuTorch's quantized embedding
                 kernels abort the process on one), two input axes traced as one size differ, or an input's size on
                 an axis a dynamic program was traced at one size on differs from it.
@@ -436,7 +461,15 @@ class ExecutorchRunner:
             import tempfile
 
             self._log = tempfile.TemporaryFile()  # the runtime's log of one call; reused by every call
-        outputs = execute_logging_failures(self.method, flat, self._log)[self.skip_outputs :]
+        try:
+            outputs = execute_logging_failures(self.method, flat, self._log)[self.skip_outputs :]
+        except RuntimeError as error:
+            over = self._past_planned_size(flat, inputs) if _PAST_PLANNED.search(str(error)) else None
+            if over is None:
+                raise
+            from ..errors import InputError
+
+            raise InputError(over) from error
         # Output tensors may alias the method's planned memory: copy them out before the next run. A non-tensor
         # output (an int or a size the trace made a constant, MaskFormerSwin's spatial dimensions) is not a tensor
         # leaf of eager's output, and the other runners leave it out too.

@@ -22,18 +22,37 @@ from ...registry import register_fx_program_fix
 #: the largest size a tensor can take; an explicit ``Dim(..., max=N)`` in ``dynamic_shapes`` overrides it.
 UNBOUNDED_DIM_MAX = 128
 
-#: the bound used by the current export (``ExecutorchConfig.max_seq_len``, CLI ``--max-seq-len``)
-_dim_max: contextvars.ContextVar[int] = contextvars.ContextVar("hf_exporters_executorch_dim_max", default=UNBOUNDED_DIM_MAX)
+#: the bound used by the current export (``ExecutorchConfig.max_seq_len``, CLI ``--max-seq-len``), and whether
+#: it also lowers the finite bounds the trace derived from the model (False when the caller gave ``dynamic_shapes``)
+_dim_max: contextvars.ContextVar[tuple[int, bool]] = contextvars.ContextVar(
+    "hf_exporters_executorch_dim_max", default=(UNBOUNDED_DIM_MAX, True)
+)
 
 
 @contextlib.contextmanager
-def dynamic_dim_max(bound: int | None) -> Iterator[None]:
-    """Use ``bound`` (default :data:`UNBOUNDED_DIM_MAX`) as the upper bound of unbounded dynamic sizes in the block."""
-    token = _dim_max.set(int(bound) if bound else UNBOUNDED_DIM_MAX)
+def dynamic_dim_max(bound: int | None, lower_model_bounds: bool = True) -> Iterator[None]:
+    """Use ``bound`` (default :data:`UNBOUNDED_DIM_MAX`) as the upper bound of dynamic sizes in the block.
+
+    ``lower_model_bounds``: also bring down to ``bound`` a finite upper bound larger than it (one the trace
+    derived from the model, e.g. ``seq_len <= max_position_embeddings``); False keeps every finite bound, as
+    for ``dynamic_shapes`` whose ``Dim(max=...)`` are the caller's (:func:`caller_bounds`)."""
+    token = _dim_max.set((int(bound) if bound else UNBOUNDED_DIM_MAX, lower_model_bounds))
     try:
         yield
     finally:
         _dim_max.reset(token)
+
+
+def caller_bounds(dynamic_shapes: Any) -> bool:
+    """Whether a ``dynamic_shapes`` spec gives some axis a finite ``max`` (``Dim("s", max=N)``, ``Dim.AUTO(max=N)``).
+
+    Such bounds are the caller's: :func:`_fix_unbounded_range_constraints` then leaves every finite bound as traced."""
+    if isinstance(dynamic_shapes, dict):
+        return any(caller_bounds(value) for value in dynamic_shapes.values())
+    if isinstance(dynamic_shapes, (list, tuple)):
+        return any(caller_bounds(value) for value in dynamic_shapes)
+    upper = getattr(dynamic_shapes, "max", None)
+    return isinstance(upper, int) and upper is not int_oo and not isinstance(upper, bool)
 
 
 def _shape_env(exported_program: torch.export.ExportedProgram):
@@ -56,15 +75,22 @@ def _hint(shape_env, symbol) -> int | None:
 
 @register_fx_program_fix("executorch")
 def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProgram) -> bool:
-    """Give every dynamic size whose range is unbounded (``[2, int_oo]``) a finite upper bound.
+    """Give every dynamic size an upper bound of at most the export's bound: the unbounded (``[2, int_oo]``) and
+    those the model bounds far above it.
 
     Pattern: ``Dim.AUTO`` (or ``Dim`` without ``max``) leaves a size symbol's range open above.
     ExecuTorch's memory planning sizes each planned tensor at its upper bound and falls back to the
     example input's size for ``int_oo``, so any larger input fails at run time with
-    "Attempted to resize a bounded tensor with a maximum capacity of N elements". The symbol's range
-    (``range_constraints`` and the program's ShapeEnv) becomes ``[lower, max(N, example)]``, ``N`` the
-    config's ``max_seq_len`` (CLI ``--max-seq-len``), :data:`UNBOUNDED_DIM_MAX` by default.
-    Models: every model exported with ``dynamic=True`` (BertModel, LlamaForCausalLM, EfficientNetModel, ...).
+    "Attempted to resize a bounded tensor with a maximum capacity of N elements". Where the trace bounds
+    the symbol from the model instead (a slice of a ``max_position_embeddings``-row table gives
+    ``seq_len <= 2048``), memory planning sizes every attention buffer at that bound: a tiny decoder's
+    prefill at batch bound 128 planned ``128 heads-batch x 2048 x 2048`` score tensors, 35 GB, and failed to
+    load with ``std::bad_alloc``. The symbol's range (``range_constraints`` and the program's ShapeEnv)
+    becomes ``[lower, max(N, example, lower)]``, ``N`` the config's ``max_seq_len`` (CLI ``--max-seq-len``),
+    :data:`UNBOUNDED_DIM_MAX` by default. A finite bound is kept when it is at most ``N``, or when
+    the caller's ``dynamic_shapes`` give some axis a ``max`` (:func:`caller_bounds`: their bounds stand).
+    Models: every model exported with ``dynamic=True`` (BertModel, LlamaForCausalLM, EfficientNetModel, ...);
+    the model-bounded case: DogeForCausalLM, NemotronHForCausalLM generation folders.
     Upstream: pytorch/executorch memory planning needs bounded dynamic shapes (exir/sym_util.py eval_upper_bound
     falls back to the trace hint for int_oo); https://docs.pytorch.org/executorch/stable/concepts.html#dynamic-shapes
     Remove when: ExecuTorch plans unbounded dynamic tensors (dynamic unbound memory), or the export
@@ -72,12 +98,13 @@ def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProg
     """
     shape_env = _shape_env(exported_program)
     changed = False
+    bound, lower_model_bounds = _dim_max.get()
     for symbol, bounds in list(exported_program.range_constraints.items()):
-        if bounds.upper is not int_oo:
+        lower = int(bounds.lower) if bounds.lower.is_finite else 0
+        upper = max(bound, _hint(shape_env, symbol) or 0, lower)
+        if bounds.upper is not int_oo and not (lower_model_bounds and int(bounds.upper) > upper):
             continue
         changed = True
-        hint = _hint(shape_env, symbol)
-        upper = max(_dim_max.get(), hint or 0)
         new = ValueRanges(bounds.lower, sympy.Integer(upper))
         exported_program.range_constraints[symbol] = new
         if shape_env is not None and symbol in shape_env.var_to_range:
