@@ -204,6 +204,44 @@ def _top_level_convolutions(manager) -> int:
     return sum("convolution" in str(n.target) for n in manager.exported_program().graph.nodes if n.op == "call_function")
 
 
+class _NormOverTransposed(torch.nn.Module):
+    """A LayerNorm over a transposed (batch, channels, length) input, then a view merging length and features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, _, length = x.shape
+        return self.norm(x.transpose(1, 2)).view(batch, length // 2, 16)
+
+
+def test_patch_views_reshaped_before_decomposition(tmp_path):
+    """The decomposed LayerNorm keeps its transposed input's strides where the fused kernel's output was contiguous:
+    the traced view is refused in the lowering's re-trace; as a reshape it lowers, and the program equals eager."""
+    torch.manual_seed(0)
+    model, inputs = _NormOverTransposed().eval(), {"x": _x(2, 8, 6)}
+    with without_workarounds("_patch_views_reshaped_before_decomposition"):
+        with pytest.raises(ExportStageError) as caught:
+            ExecutorchExporter().export(model, inputs)
+    assert caught.value.stage == "lowering (to_edge_transform_and_lower)"
+    assert "Cannot view a tensor with shape torch.Size([2, 6, 8]) and strides (48, 1, 6) as a tensor with shape (2, 3, 16)" in str(caught.value)
+    exporter = ExecutorchExporter()
+    runner = exporter.load_runner(exporter.save(exporter.export(model, inputs), tmp_path))
+    with torch.no_grad():
+        assert float((runner(inputs)[0] - model(**inputs)).abs().max()) < 1e-5
+
+
+def test_views_as_reshapes_counts_nested_graphs():
+    from hf_exporters.workarounds.executorch.decomposition_layouts import views_as_reshapes
+
+    ep = torch.export.export(_NormOverTransposed().eval(), (_x(2, 8, 6),))
+    views = [n for n in ep.graph.nodes if n.target is torch.ops.aten.view.default]
+    assert len(views) == 1
+    assert views_as_reshapes(ep.graph_module) == 1 and views[0].target is torch.ops.aten.reshape.default
+    assert "torch.ops.aten.reshape.default" in ep.graph_module.code and views_as_reshapes(ep.graph_module) == 0
+
+
 class _GatedHeads(torch.nn.Module):
     """An attention output gated per head: ``out * gate.unsqueeze(-1).sigmoid()`` over (batch, length, heads)."""
 
@@ -271,10 +309,10 @@ def test_refused_without_the_workaround(model_class, workarounds, refusal):
 
 
 @pytest.mark.canary
-def test_gpt2_attention_output_view_is_refused_without_the_copy():
-    """The refusal half of test_patch_sdpa_output_copy."""
+def test_gpt2_attention_output_view_is_refused_without_reshapes():
+    """The refusal half of test_gpt2_attention_output_view_lowers."""
     model, inputs = _tiny_gpt2()
-    _refused_without(model, inputs, "_patch_sdpa_output_copy", r"Cannot view a tensor with shape torch.Size\(\[2, 8, 32\]\)")
+    _refused_without(model, inputs, "_patch_views_reshaped_before_decomposition", r"Cannot view a tensor with shape torch.Size\(\[2, 8, 32\]\)")
 
 
 @pytest.mark.parametrize(("model_class", "bound"), [("DeepseekV2Model", 1e-5), ("Llama4TextModel", 1e-4)])
@@ -660,7 +698,8 @@ def test_fix_max_dim_for_xnnpack(tmp_path):
 
 class _FirstCacheUpdate(torch.nn.Module):
     """A cache layer's first update: keys as a transposed view of the projection, concatenated onto the
-    layer's empty starting tensor, then reshaped to (batch * heads, sequence, head_dim) as Bloom does."""
+    layer's empty starting tensor (transformers' ``DynamicLayer``), then reshaped to (batch * heads, sequence,
+    head_dim) as Bloom does; ``cat`` returns a contiguous tensor, so the trace records the reshape as a view."""
 
     def forward(self, projected: torch.Tensor) -> torch.Tensor:
         batch, length, _ = projected.shape
@@ -669,10 +708,12 @@ class _FirstCacheUpdate(torch.nn.Module):
         return keys.reshape(batch * 4, -1, 16) * 2
 
 
-def test_fix_cat_onto_empty_tensor_as_contiguous_copy(tmp_path):
+def test_first_cache_update_view_lowers_as_a_reshape(tmp_path):
+    """ExecuTorch's ``PruneEmptyTensorsPass`` drops the empty input, and the one-input ``cat`` is re-traced with the
+    transposed keys' strides: the view Bloom's reshape was traced as is refused, unless it is re-traced as a reshape."""
     model, inputs = _FirstCacheUpdate(), {"projected": _x(2, 8, 64)}
     report = _refused_without_then_parity(
-        model, inputs, "_fix_cat_onto_empty_tensor_as_contiguous_copy",
+        model, inputs, "_patch_views_reshaped_before_decomposition",
         re.escape("Cannot view a tensor with shape torch.Size([2, 4, 8, 16]) and strides (512, 16, 64, 1) as a tensor with shape (8, 8, 16)"),
         tmp_path, atol=0,
     )
@@ -700,10 +741,10 @@ def _tiny_gpt2():
     return model, {"input_ids": torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))}
 
 
-def test_patch_sdpa_output_copy(tmp_path):
+def test_gpt2_attention_output_view_lowers(tmp_path):
     """GPT-2 views SDPA's transposed output as (-1, hidden); the lowering re-traces SDPA with the CPU
     flash kernel's layout, which that recorded view cannot take (the canary tier's
-    test_gpt2_attention_output_view_is_refused_without_the_copy), unless the output is copied."""
+    test_gpt2_attention_output_view_is_refused_without_reshapes), unless it is re-traced as a reshape."""
     model, inputs = _tiny_gpt2()
     report = _pte_parity(model, inputs, tmp_path, atol=1e-4)
     assert report.ok and report.max_abs_diff < 1e-5
@@ -1398,20 +1439,6 @@ def test_the_runner_returns_the_output_tensors_only(tmp_path):
     torch.testing.assert_close(outputs[1], inputs["x"] + 1, rtol=0, atol=0)
     (report,) = check_parity(model, runner, [inputs], atol=1e-6)
     assert report.ok and [leaf.name for leaf in report.leaves] == ["doubled", "shifted"]
-
-
-class _FirstUpdateInDouble(torch.nn.Module):
-    """``cat`` of a float64 empty tensor and float32 keys: eager promotes to float64."""
-
-    def forward(self, keys: torch.Tensor) -> torch.Tensor:
-        return torch.cat([torch.tensor([], dtype=torch.float64), keys.transpose(1, 2)], dim=-2).reshape(-1, 4)
-
-
-def test_the_cat_onto_an_empty_tensor_keeps_the_promoted_dtype(tmp_path):
-    model, inputs = _FirstUpdateInDouble(), {"keys": _x(2, 3, 2, 4)}
-    program = ExecutorchExporter().run(model, inputs, ExecutorchConfig(backend="portable")).exported_program
-    (copy,) = [n for n in program.graph.nodes if n.target is torch.ops.aten._to_copy.default]
-    assert copy.kwargs["dtype"] is torch.float64 and copy.meta["val"].dtype is torch.float64
 
 
 class _FilledBySlices(torch.nn.Module):

@@ -8,6 +8,7 @@ Each workaround declares its stage where it is registered; the modules:
 - ``moe``: Stage 2, transformers' experts implementations ExecuTorch cannot run.
 - ``reduced_precision``: Stage 2, float16 and bfloat16 normalisations computed in float32.
 - ``executorch_patches``: Stage 3, ExecuTorch internals that break on valid dynamic-shape graphs.
+- ``decomposition_layouts``: Stage 3, views a decomposition's output layout no longer allows, re-traced as reshapes.
 - ``mutable_buffers``: Stage 3, mutated buffers whose initial value the program reads, kept in the program.
 - ``lowering_speed``: Stage 3, lowering steps skipped where they would find nothing to do (pinned to executorch 1.4).
 - ``xnnpack_partitions``: Stage 3, decompositions that keep attention and LayerNorm inside XNNPACK partitions.
@@ -20,6 +21,7 @@ Each workaround declares its stage where it is registered; the modules:
 
 from . import backends as _backends  # noqa: F401
 from . import complex_numbers as _complex_numbers  # noqa: F401
+from . import decomposition_layouts as _decomposition_layouts  # noqa: F401
 from . import executorch_patches as _executorch_patches  # noqa: F401
 from . import fx_node_fixes as _fx_node_fixes  # noqa: F401
 from . import fx_program_fixes as _fx_program_fixes  # noqa: F401

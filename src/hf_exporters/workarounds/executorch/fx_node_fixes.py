@@ -1,9 +1,9 @@
 """ExecutorchExporter Stage 5: FX node fixes (``register_fx_node_fix("executorch...")``).
 
 Rewrites of single nodes of the traced graph into ops ExecuTorch can lower and run: a ``max.dim``
-XNNPACK would mislower, int32 gather/scatter indices, ``nonzero``'s column-major output, a
-``cat`` onto an empty cache tensor, an ``empty`` of symbolic size the lowering would specialise, and the
-run-time checks on tensor data the ONNX exporter erases too (:mod:`.._data_checks`).
+XNNPACK would mislower, int32 gather/scatter indices, ``nonzero``'s column-major output, an ``empty`` of
+symbolic size the lowering would specialise, and the run-time checks on tensor data the ONNX exporter erases
+too (:mod:`.._data_checks`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import contextlib
 import operator
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ...registry import register_fx_node_fix
 from .._data_checks import _fix_drop_tensor_data_checks
@@ -189,53 +188,6 @@ def _fix_squeeze_of_nonzero_made_contiguous(graph_module: torch.fx.GraphModule, 
     # the source's meta without its unbacked-symbol bindings: nonzero binds its count, the copy binds none
     copy.meta = {**{k: v for k, v in source.meta.items() if k != "unbacked_bindings"}, "val": value}
     node.args = (copy, *node.args[1:])
-    return True
-
-
-def _statically_empty(node: object) -> bool:
-    """Whether ``node``'s traced value is a tensor with no elements at every size the trace allows."""
-    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return isinstance(value, torch.Tensor) and guard_or_false(value.numel() == 0)
-
-
-@register_fx_node_fix("executorch")
-def _fix_cat_onto_empty_tensor_as_contiguous_copy(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """Replace ``cat`` of empty tensors and one tensor ``x`` by ``x.clone(memory_format=torch.contiguous_format)``.
-
-    Pattern: a cache layer's first update, ``torch.cat([torch.tensor([]), key], dim=-2)`` (transformers'
-    ``DynamicLayer`` starts from an empty tensor), where ``key`` is a transposed view, (batch, heads,
-    sequence, head_dim) with the strides of (batch, sequence, heads, head_dim), and a later
-    ``reshape(batch * heads, -1, head_dim)`` traced as ``view`` because ``cat`` returns a new contiguous
-    tensor. ExecuTorch's ``PruneEmptyTensorsPass`` drops the empty input, and the one-input ``cat`` is
-    re-traced with ``key``'s permuted strides, so the lowering stops with "Cannot view a tensor with shape
-    [2, 4, 8, 16] and strides (512, 16, 64, 1) as a tensor with shape (8, 8, 16)". A contiguous copy is
-    what ``cat`` returns in eager (in the dtype ``cat`` promotes to); the values are the same.
-    Models: BloomModel, XGLMModel, LEDModel, MvpModel, SpeechT5Model, AutoformerModel, InformerModel,
-        GPTNeoXJapaneseModel with the config's ``use_cache`` (executorch in the sweep).
-    Upstream: executorch exir/passes/prune_empty_tensors_pass.py (leaves a one-input ``cat`` whose
-        re-traced strides are its input's); no report found
-    Remove when: the pass replaces a one-input ``cat`` by a contiguous copy, or the lowering re-traces
-        ``reshape`` rather than the ``view`` the trace chose.
-    """
-    if node.target is not torch.ops.aten.cat.default or not isinstance(node.args[0], (list, tuple)):
-        return False
-    kept = [t for t in node.args[0] if not _statically_empty(t)]
-    if len(kept) != 1 or len(kept) == len(node.args[0]) or not isinstance(kept[0], torch.fx.Node):
-        return False
-    value = node.meta.get("val")
-    if not isinstance(value, torch.Tensor):
-        return False
-    kept_value = kept[0].meta.get("val")
-    with graph_module.graph.inserting_before(node):
-        if isinstance(kept_value, torch.Tensor) and kept_value.dtype != value.dtype:  # cat promotes: (0,) float64 + float32
-            copy = graph_module.graph.call_function(
-                torch.ops.aten._to_copy.default, (kept[0],), {"dtype": value.dtype, "memory_format": torch.contiguous_format}
-            )
-        else:
-            copy = graph_module.graph.call_function(torch.ops.aten.clone.default, (kept[0],), {"memory_format": torch.contiguous_format})
-    copy.meta = dict(node.meta)  # the cat's value: the same sizes and dtype, contiguous
-    node.replace_all_uses_with(copy)
-    graph_module.graph.erase_node(node)
     return True
 
 

@@ -119,38 +119,6 @@ def _patch_argsort_as_topk(original: Callable[..., Any]) -> Callable[..., Any]:
     return argsort
 
 
-@register_patch("executorch", "torch.nn.functional.scaled_dot_product_attention", stage="Stage 2: Torch patches")
-def _patch_sdpa_output_copy(original: Any) -> Any:
-    """Return SDPA's output as an explicit contiguous copy.
-
-    Pattern: ``attn.transpose(1, 2).contiguous().view(...)`` after SDPA (GPT-2's ``Conv1D`` views its
-    input as ``(-1, hidden)``). While tracing, the CPU flash kernel's fake output takes the query's
-    layout, so the transpose's ``.contiguous()`` records nothing and the reshape is recorded as a
-    plain ``view``. ``to_edge`` re-traces the program, and the flash kernel's decomposition lays its
-    output out (L, N, H, E) and permutes it back: the recorded ``view`` then meets strides it cannot
-    view and the lowering stops with "Cannot view a tensor with shape torch.Size([2, 8, 64]) and
-    strides (64, 128, 1) as a tensor with shape (16, 64)". A ``clone`` is recorded whatever the
-    layout, so every later view sees the strides it was traced with. Costs one copy of the attention
-    output (which XNNPACK may leave outside its partitions). Static sizes only: with symbolic sizes
-    (a decode step over a growing cache) the copy makes ``to_executorch`` fail instead ("_ViewSpec is
-    incompatible with its base on creation. It has shape_dynamism=1, but its base has
-    shape_dynamism=0", cases H3 and H15), so dynamic programs keep the plain output.
-    Models: GPT2Model, GPT2LMHeadModel (executorch in the sweep and the smoke baseline).
-    Upstream: pytorch/pytorch torch/_decomp/decompositions.py (the CPU flash attention decomposition
-        permutes its output to (L, N, H, E) and back, unlike the meta kernel's layout; no report
-        found); executorch exir ``to_edge`` re-traces the program
-    Remove when: the traced strides of SDPA match the kernel that the lowering decomposes to.
-    """
-
-    def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
-        out = original(*args, **kwargs)
-        if any(isinstance(size, torch.SymInt) for size in out.shape):
-            return out  # symbolic sizes: the copy's memory spec trips ExecuTorch's view pass instead
-        return out.clone(memory_format=torch.contiguous_format)
-
-    return scaled_dot_product_attention
-
-
 @register_patch("executorch", "torch.bucketize", stage="Stage 2: Torch patches")
 def _patch_bucketize_by_comparison(original: Any) -> Any:
     """``torch.bucketize(x, boundaries)`` as a count of the boundaries below each value.
