@@ -484,15 +484,28 @@ def test_fix_unbounded_range_constraints_lowers_bounds_the_model_sets():
         bounded = traced()
         fx_program_fixes._fix_unbounded_range_constraints(bounded)
     assert sorted(int(r.upper) for r in bounded.range_constraints.values()) == [64, 64]
-    with fx_program_fixes.dynamic_dim_max(None, lower_model_bounds=False):
+    with fx_program_fixes.dynamic_dim_max(None, kept=frozenset({2048})):
         kept = traced()
         fx_program_fixes._fix_unbounded_range_constraints(kept)
     assert sorted(int(r.upper) for r in kept.range_constraints.values()) == [128, 2048]
     # batch 128 x 2048 x 2048 float scores before, batch 128 x 128 x 128 after
     assert _planned_bytes(kept) > 2 * 128 * 2048 * 2048 * 4 > 200 * _planned_bytes(fixed)
-    assert fx_program_fixes.caller_bounds({"x": {1: torch.export.Dim("n", max=16)}})
-    assert fx_program_fixes.caller_bounds([{1: AUTO(max=64)}])
-    assert not fx_program_fixes.caller_bounds({"x": {0: AUTO, 1: torch.export.Dim("n")}, "y": None})
+    assert fx_program_fixes.caller_maxima({"x": {1: torch.export.Dim("n", max=16)}}) == {16}
+    assert fx_program_fixes.caller_maxima([{1: AUTO(max=64)}, {0: torch.export.Dim("b", max=4)}]) == {4, 64}
+    assert fx_program_fixes.caller_maxima({"x": {0: AUTO, 1: torch.export.Dim("n")}, "y": None}) == frozenset()
+
+
+class _NonzeroRows(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.nonzero()
+
+
+def test_fix_unbounded_range_constraints_keeps_sizes_read_from_data():
+    """``nonzero``'s row count is bounded by the data (4096 elements here), not planned: the bound stays, or its
+    program would refuse more than 128 rows."""
+    ep = torch.export.export(_NonzeroRows(), (torch.randn(4096),))
+    fx_program_fixes._fix_unbounded_range_constraints(ep)
+    assert [int(r.upper) for r in ep.range_constraints.values()] == [4096]
 
 
 def _ids(batch: int, seq_len: int) -> torch.Tensor:
@@ -1291,7 +1304,8 @@ def test_the_runner_refuses_another_size_on_an_axis_a_dynamic_program_keeps_stat
     # what ExecuTorch refuses with a log line alone, or drops, is refused naming the input
     for bad, message in [
         ({"x": torch.ones(2, 7, dtype=torch.float64)}, "input 'x' is torch.float64, where the program takes torch.float32"),
-        ({"x": torch.ones(2, 17)}, "input 'x' axis 1 is 17, the program was exported for at most 16 (re-export with --dynamic --max-seq-len 17 or more)"),
+        ({"x": torch.ones(2, 17)}, "input 'x' axis 1 is 17, the program was exported for at most 16 (re-export with a bound of 17 or more: "
+                                     "--max-seq-len, ExecutorchConfig.max_seq_len, or the axis's Dim max in dynamic_shapes)"),
         ({"x": torch.ones(2, 7).numpy()}, "input 'x' is a numpy.ndarray: the runner takes torch tensors"),
         ({"x": [1.0, 2.0]}, "input 'x' is a builtins.list: the runner takes torch tensors"),
         ({}, "the method takes 1 input; 0 given ()"),
@@ -1488,3 +1502,20 @@ def test_fix_empty_like_of_symbolic_size_as_full_like(tmp_path):
     path = exporter.save(exporter.export(model, inputs, ExecutorchConfig(dynamic=True)), tmp_path)
     reports = check_parity(model, exporter.load_runner(path), [inputs, other], atol=0)
     assert [r.ok for r in reports] == [True, True] and max(r.max_abs_diff for r in reports) == 0
+
+
+class _WriteThroughView(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 1
+        y.view(-1)[:3].mul_(2)
+        return y.view(2, -1) + 1
+
+
+def test_views_as_reshapes_keeps_views_written_through():
+    """A view an in-place op writes through stays a view (a reshape could be a copy and drop the write)."""
+    from hf_exporters.workarounds.executorch.decomposition_layouts import views_as_reshapes
+
+    ep = torch.export.export(_WriteThroughView(), (_x(4, 3),))
+    assert views_as_reshapes(ep.graph_module) == 1
+    targets = [n.target for n in ep.graph.nodes if n.target in (torch.ops.aten.view.default, torch.ops.aten.reshape.default)]
+    assert targets == [torch.ops.aten.view.default, torch.ops.aten.reshape.default]

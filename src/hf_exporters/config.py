@@ -74,8 +74,8 @@ class ExecutorchConfig(DynamoConfig):
         max_seq_len: upper bound of every dynamic axis (sequence, cache, batch): ExecuTorch plans memory
             for the largest size, so a longer input is refused at run time. None: 128 (or the example's size
             when larger). It also lowers a larger bound the trace took from the model (a position table's
-            ``max_position_embeddings``), unless ``dynamic_shapes`` give some axis a ``max`` of their own. A
-            generation folder's prompt plus new tokens must fit in it.
+            ``max_position_embeddings``); a bound equal to a ``max`` that ``dynamic_shapes`` give is kept, and so is
+            the bound of a size read from data. A generation folder's prompt plus new tokens must fit in it.
         quantize: ``"8da4w"`` or ``"8da8w"``: the linear layers quantized with torchao in Stage 1 (int8
             dynamic activations, int4 or int8 weights; ``hf_exporters.exporters.executorch_quantize``),
             None for float.

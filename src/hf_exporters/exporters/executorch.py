@@ -19,7 +19,7 @@ from ..errors import InputError
 from ..pytree import register_model_pytrees
 from ..runtime.et_runner import equal_axes_method, index_bounds_method, input_mutations_method, static_axes_method
 from ..shapes import size_oblivious_sizes
-from ..workarounds.executorch.fx_program_fixes import caller_bounds, dynamic_dim_max
+from ..workarounds.executorch.fx_program_fixes import caller_maxima, dynamic_dim_max
 from ..workarounds.executorch.lowering_speed import check_pinned_internals, defer_auto_functionalized_module, lazy_graph_modules_made_plain
 from ._common import existing_objects_frozen, normalize_inputs, stage
 from .executorch_quantize import check_embedding_quantize, check_quantize, fuse_quantized_embeddings, quantize_embeddings, quantize_linears
@@ -349,7 +349,7 @@ class ExecutorchExporter(DynamoExporter):
                 with registry.recording_fired() as method_fired:
                     # ── Stage 4: FX program fixes ──
                     with stage(self.name, "Stage 4: FX program fixes", fixes[name]), dynamic_dim_max(
-                        configs[name].max_seq_len, lower_model_bounds=not caller_bounds(configs[name].dynamic_shapes)
+                        configs[name].max_seq_len, caller_maxima(configs[name].dynamic_shapes)
                     ):
                         registry.apply_fx_program_fixes(scope, exported, stage="Stage 4: FX program fixes")
 

@@ -420,8 +420,9 @@ class ExecutorchRunner:
                 if size > most:
                     label = repr(names[position]) if names is not None else str(position)
                     return (
-                        f"input {label} axis {axis} is {size}, the program was exported for at most {most} "
-                        f"(re-export with --dynamic --max-seq-len {size} or more)"
+                        f"input {label} axis {axis} is {size}, the program was exported for at most {most} (re-export "
+                        f"with a bound of {size} or more: --max-seq-len, ExecutorchConfig.max_seq_len, or the axis's "
+                        "Dim max in dynamic_shapes)"
                     )
         return None
 

@@ -1,5 +1,5 @@
 """Views that a decomposition's output layout no longer allows: a patch of ExecutorchExporter's Stage 3
-(ExecuTorch patches), active during ``to_edge_transform_and_lower``.
+(ExecuTorch patches), active from Stage 3 until the program is serialised (the lowering's decompositions).
 
 Pattern: the trace records ``aten.view`` where a ``view``/``reshape`` met a tensor whose strides allowed it. The
 lowering re-traces the program (``run_decompositions``) with fake tensors, and a decomposed operator may then
@@ -19,16 +19,30 @@ from ...registry import register_patch
 _STAGE = "Stage 3: ExecuTorch patches"
 
 
+def _written_through(node: torch.fx.Node) -> bool:
+    """Whether an operator writes in place into ``node``'s value, directly or through further views of it."""
+    for user in node.users:
+        schema = getattr(user.target, "_schema", None)
+        if schema is None:
+            continue
+        if schema.is_mutable:
+            return True
+        if any(ret.alias_info is not None for ret in schema.returns) and _written_through(user):
+            return True
+    return False
+
+
 def views_as_reshapes(graph_module: torch.fx.GraphModule) -> int:
-    """Turn every ``aten.view.default`` of ``graph_module`` and its nested graphs into ``aten.reshape.default``;
-    returns how many. A graph that changed is recompiled."""
+    """Turn every ``aten.view.default`` of ``graph_module`` and its nested graphs into ``aten.reshape.default``,
+    except a view something writes through in place (a reshape may be a copy); returns how many. A graph that
+    changed is recompiled."""
     changed = 0
     for module in graph_module.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
         count = 0
         for node in module.graph.nodes:
-            if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            if node.op == "call_function" and node.target is torch.ops.aten.view.default and not _written_through(node):
                 node.target = torch.ops.aten.reshape.default
                 count += 1
         if count:
@@ -44,8 +58,9 @@ def _patch_views_reshaped_before_decomposition(original: Any) -> Any:
     Pattern: a ``view`` of a tensor whose layout a decomposition changes (see the module). ``reshape`` is
     decomposed in the same re-trace, against the strides that re-trace computes: into the same ``view`` where
     they allow it, so a program that lowered before lowers to the same operators, and into a copy and a view
-    where they do not. After the functionalisation that precedes the decompositions no operator writes through
-    a view, so the copy changes no result.
+    where they do not. A view that an in-place operator writes through (before the lowering's first call, which
+    functionalises the program) stays a view: a copy would drop the write. The rewrite is made in the program
+    the lowering is given, the exporter result's ``exported_program`` included (the same computation).
     Models: GPT2LMHeadModel generation (prefill and decode with dynamic batch and length: the position
     embeddings' add decomposes into a sequence-major layout), GraniteDoclingVisionModel (its connector's
     LayerNorm over a transposed residual, then ``pixel_shuffle``'s views).

@@ -14,45 +14,55 @@ from typing import Any
 import sympy
 import torch
 from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.symbol import SymT, symbol_is_type
 from torch.utils._sympy.value_ranges import ValueRanges
 
 from ...registry import register_fx_program_fix
 
-#: The upper bound given to a dynamic size ``Dim.AUTO`` left unbounded. ExecuTorch plans memory for
-#: the largest size a tensor can take; an explicit ``Dim(..., max=N)`` in ``dynamic_shapes`` overrides it.
+#: The upper bound given to a dynamic input size ``Dim.AUTO`` leaves unbounded, or bounds far above it from the model.
+#: ExecuTorch plans memory for the largest size a tensor can take; an explicit ``Dim(..., max=N)`` in ``dynamic_shapes``
+#: overrides it for the axes it names.
 UNBOUNDED_DIM_MAX = 128
 
-#: the bound used by the current export (``ExecutorchConfig.max_seq_len``, CLI ``--max-seq-len``), and whether
-#: it also lowers the finite bounds the trace derived from the model (False when the caller gave ``dynamic_shapes``)
-_dim_max: contextvars.ContextVar[tuple[int, bool]] = contextvars.ContextVar(
-    "hf_exporters_executorch_dim_max", default=(UNBOUNDED_DIM_MAX, True)
+#: the bound used by the current export (``ExecutorchConfig.max_seq_len``, CLI ``--max-seq-len``), and the maxima
+#: the caller's ``dynamic_shapes`` gave (:func:`caller_maxima`): a finite bound equal to one of them is kept
+_dim_max: contextvars.ContextVar[tuple[int, frozenset[int]]] = contextvars.ContextVar(
+    "hf_exporters_executorch_dim_max", default=(UNBOUNDED_DIM_MAX, frozenset())
 )
 
 
 @contextlib.contextmanager
-def dynamic_dim_max(bound: int | None, lower_model_bounds: bool = True) -> Iterator[None]:
-    """Use ``bound`` (default :data:`UNBOUNDED_DIM_MAX`) as the upper bound of dynamic sizes in the block.
+def dynamic_dim_max(bound: int | None, kept: frozenset[int] = frozenset()) -> Iterator[None]:
+    """Use ``bound`` (default :data:`UNBOUNDED_DIM_MAX`) as the upper bound of dynamic input sizes in the block.
 
-    ``lower_model_bounds``: also bring down to ``bound`` a finite upper bound larger than it (one the trace
-    derived from the model, e.g. ``seq_len <= max_position_embeddings``); False keeps every finite bound, as
-    for ``dynamic_shapes`` whose ``Dim(max=...)`` are the caller's (:func:`caller_bounds`)."""
-    token = _dim_max.set((int(bound) if bound else UNBOUNDED_DIM_MAX, lower_model_bounds))
+    A finite upper bound larger than ``bound`` (one the trace derived from the model, e.g. ``seq_len <=
+    max_position_embeddings``) is brought down to it too, unless it is one of ``kept``: the ``max`` values the
+    caller's ``dynamic_shapes`` gave (:func:`caller_maxima`)."""
+    token = _dim_max.set((int(bound) if bound else UNBOUNDED_DIM_MAX, frozenset(kept)))
     try:
         yield
     finally:
         _dim_max.reset(token)
 
 
-def caller_bounds(dynamic_shapes: Any) -> bool:
-    """Whether a ``dynamic_shapes`` spec gives some axis a finite ``max`` (``Dim("s", max=N)``, ``Dim.AUTO(max=N)``).
-
-    Such bounds are the caller's: :func:`_fix_unbounded_range_constraints` then leaves every finite bound as traced."""
+def caller_maxima(dynamic_shapes: Any) -> frozenset[int]:
+    """The finite ``max`` values a ``dynamic_shapes`` spec gives its axes (``Dim("s", max=N)``, ``Dim.AUTO(max=N)``),
+    in dicts, lists and tuples at any depth; :func:`_fix_unbounded_range_constraints` keeps a bound equal to one.
+    (A ``ShapesCollection`` is read through its mapping of tensors to shapes.)"""
+    if isinstance(dynamic_shapes, torch.export.ShapesCollection):
+        dynamic_shapes = list(getattr(dynamic_shapes, "_shapes", {}).values())
     if isinstance(dynamic_shapes, dict):
-        return any(caller_bounds(value) for value in dynamic_shapes.values())
+        return frozenset().union(*(caller_maxima(value) for value in dynamic_shapes.values()))
     if isinstance(dynamic_shapes, (list, tuple)):
-        return any(caller_bounds(value) for value in dynamic_shapes)
+        return frozenset().union(*(caller_maxima(value) for value in dynamic_shapes))
     upper = getattr(dynamic_shapes, "max", None)
-    return isinstance(upper, int) and upper is not int_oo and not isinstance(upper, bool)
+    ok = isinstance(upper, int) and upper is not int_oo and not isinstance(upper, bool)
+    return frozenset({int(upper)}) if ok else frozenset()
+
+
+def _data_dependent(symbol: sympy.Symbol) -> bool:
+    """Whether ``symbol`` is a size read from data (``nonzero``'s row count, ``item()``): its bounds are facts."""
+    return symbol_is_type(symbol, (SymT.UNBACKED_INT, SymT.UNBACKED_FLOAT))
 
 
 def _shape_env(exported_program: torch.export.ExportedProgram):
@@ -87,10 +97,11 @@ def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProg
     prefill at batch bound 128 planned ``128 heads-batch x 2048 x 2048`` score tensors, 35 GB, and failed to
     load with ``std::bad_alloc``. The symbol's range (``range_constraints`` and the program's ShapeEnv)
     becomes ``[lower, max(N, example, lower)]``, ``N`` the config's ``max_seq_len`` (CLI ``--max-seq-len``),
-    :data:`UNBOUNDED_DIM_MAX` by default. A finite bound is kept when it is at most ``N``, or when
-    the caller's ``dynamic_shapes`` give some axis a ``max`` (:func:`caller_bounds`: their bounds stand).
+    :data:`UNBOUNDED_DIM_MAX` by default. A finite bound is kept when it is at most ``N``, when it
+    equals a ``max`` the caller's ``dynamic_shapes`` give (:func:`caller_maxima`: their bounds stand), and for a
+    size read from data (``nonzero``'s row count: its bound is a fact, not a plan).
     Models: every model exported with ``dynamic=True`` (BertModel, LlamaForCausalLM, EfficientNetModel, ...);
-    the model-bounded case: DogeForCausalLM, NemotronHForCausalLM generation folders.
+    the model-bounded case: DogeForCausalLM, LEDForConditionalGeneration generation folders.
     Upstream: pytorch/executorch memory planning needs bounded dynamic shapes (exir/sym_util.py eval_upper_bound
     falls back to the trace hint for int_oo); https://docs.pytorch.org/executorch/stable/concepts.html#dynamic-shapes
     Remove when: ExecuTorch plans unbounded dynamic tensors (dynamic unbound memory), or the export
@@ -98,12 +109,14 @@ def _fix_unbounded_range_constraints(exported_program: torch.export.ExportedProg
     """
     shape_env = _shape_env(exported_program)
     changed = False
-    bound, lower_model_bounds = _dim_max.get()
+    bound, kept = _dim_max.get()
     for symbol, bounds in list(exported_program.range_constraints.items()):
         lower = int(bounds.lower) if bounds.lower.is_finite else 0
         upper = max(bound, _hint(shape_env, symbol) or 0, lower)
-        if bounds.upper is not int_oo and not (lower_model_bounds and int(bounds.upper) > upper):
-            continue
+        if bounds.upper is not int_oo:
+            finite = int(bounds.upper)
+            if finite <= upper or finite in kept or _data_dependent(symbol):
+                continue
         changed = True
         new = ValueRanges(bounds.lower, sympy.Integer(upper))
         exported_program.range_constraints[symbol] = new
