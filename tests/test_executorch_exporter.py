@@ -232,7 +232,7 @@ def test_patch_views_reshaped_before_decomposition(tmp_path):
         assert float((runner(inputs)[0] - model(**inputs)).abs().max()) < 1e-5
 
 
-def test_views_as_reshapes_counts_nested_graphs():
+def test_views_as_reshapes_rewrites_and_recompiles():
     from hf_exporters.workarounds.executorch.decomposition_layouts import views_as_reshapes
 
     ep = torch.export.export(_NormOverTransposed().eval(), (_x(2, 8, 6),))
