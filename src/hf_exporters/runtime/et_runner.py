@@ -406,13 +406,13 @@ class ExecutorchRunner:
                 raise InputError(f"input {label} is {value.dtype}, where the program takes {dtype}")
         return flat
 
-    def _past_planned_size(self, flat: list[Any], inputs: dict[str, Any]) -> str | None:
+    def _past_planned_size(self, flat: list[Any], names: list[str] | None) -> str | None:
         """The refusal of the first input larger on some axis than the program was exported for, None when none is.
 
         ExecuTorch plans each dynamic tensor's memory for its largest number of elements, so a run fails ("Attempted
         to resize a bounded tensor") once one outgrows it; an input past its own axis bound names the cause and the
-        flag that moves it."""
-        names = list(inputs) if len(inputs) == len(flat) and all(isinstance(v, torch.Tensor) for v in inputs.values()) else None
+        flag that moves it. ``names``: the inputs' names when each is one tensor of ``flat``, else positions."""
+        names = names if names is not None and len(names) == len(flat) else None
         for position, (value, largest) in enumerate(zip(flat, self.input_max_sizes)):
             if not isinstance(value, torch.Tensor) or largest is None or value.dim() != len(largest):
                 continue
@@ -444,8 +444,8 @@ class ExecutorchRunner:
         Raises:
             InputError: an input is not a tensor or a Python number, the number of inputs or an input's dtype is not
                 the program's, the runtime refused a size past the memory it planned while an input is larger on
-                some axis than the program was exported for (a dynamic export's bound, ``--max-seq-len``), an input that indexes a tensor (an embedding table, a cache held in the program)
-                holds an index outside it (checked before ``execute``: ExecuTorch's quantized embedding
+                some axis than the program was exported for (a dynamic export's bound, ``--max-seq-len``), an
+                input that indexes a tensor (an embedding table, a cache held in the program) holds an index outside it (checked before ``execute``: ExecuTorch's quantized embedding
                 kernels abort the process on one), two input axes traced as one size differ, or an input's size on
                 an axis a dynamic program was traced at one size on differs from it.
             RuntimeError: the runtime refused the inputs or a kernel failed; the message carries the
@@ -453,8 +453,8 @@ class ExecutorchRunner:
                 failed at instruction 0:74 in operator aten::_upsample_bilinear2d_aa.out: 0x12").
         """
         flat = self._checked_inputs(inputs)
+        names = list(inputs) if all(isinstance(v, torch.Tensor) for v in inputs.values()) else None
         if self.index_bounds or self.equal_axes or self.static_axes:
-            names = list(inputs) if all(isinstance(v, torch.Tensor) for v in inputs.values()) else None
             check_static_axes(flat, self.static_axes, names)
             check_equal_axes(flat, self.equal_axes, names)
             check_index_bounds(flat, self.index_bounds, names)
@@ -465,7 +465,7 @@ class ExecutorchRunner:
         try:
             outputs = execute_logging_failures(self.method, flat, self._log)[self.skip_outputs :]
         except RuntimeError as error:
-            over = self._past_planned_size(flat, inputs) if _PAST_PLANNED.search(str(error)) else None
+            over = self._past_planned_size(flat, names) if _PAST_PLANNED.search(str(error)) else None
             if over is None:
                 raise
             from ..errors import InputError
